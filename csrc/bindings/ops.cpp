@@ -1,0 +1,63 @@
+// The op schema (defined once) and the core module's small introspection ops. Each backend's
+// translation unit registers its own implementation: CPU in csrc/cpu/, CUDA in csrc/bindings/cuda/.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <sstream>
+
+#include "bindings/registry.h"
+
+namespace nvfp4_gemm {
+namespace {
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// What the arch modules bring: {"sm90": {"compiled_for": "sm_90a", "configs": [...]}, ...}.
+std::string backends_json() {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (const BackendApi* api : backends()) {
+    os << (first ? "" : ", ") << "\"" << json_escape(api->name) << "\": {\"compiled_for\": \""
+       << json_escape(api->compiled_for) << "\", \"configs\": [";
+    for (int32_t i = 0; i < api->num_configs; ++i) {
+      os << (i ? ", " : "") << "\"" << json_escape(api->config_names[i]) << "\"";
+    }
+    os << "]}";
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
+}  // namespace
+}  // namespace nvfp4_gemm
+
+TORCH_LIBRARY(nvfp4_gemm, m) {
+  m.def(
+      "mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, *, Tensor? alpha=None, ScalarType? out_dtype=None) "
+      "-> Tensor");
+  m.def("_register_backends() -> str[]", []() { return nvfp4_gemm::register_backends(); });
+  m.def("_backends_json() -> str", []() { return nvfp4_gemm::backends_json(); });
+  // Names of the registered arch backends whose kernels run on an SM of this version, preferred first.
+  m.def("_backends_for_sm(int sm) -> str[]", [](int64_t sm) {
+    std::vector<std::string> out;
+    for (const nvfp4_gemm::BackendApi* api : nvfp4_gemm::backends()) {
+      if (api->supports_sm(static_cast<int32_t>(sm))) out.emplace_back(api->name);
+    }
+    return out;
+  });
+}
+
+// `import nvfp4_gemm._C` loads this library, which runs the registrations above. No pybind.
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&def);
+}

@@ -1,0 +1,81 @@
+// The torch-free contract between the binding layer and every GPU backend.
+//
+// Kernel translation units include this header (and CUDA / CUTLASS), never torch. The binding layer
+// (csrc/bindings/) validates tensors once, fills a Problem, picks a backend and config, allocates the
+// workspace the backend asks for, and calls BackendApi::run on the current stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// cudaStream_t exactly as the CUDA runtime declares it, so that CPU-only builds need no CUDA headers.
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+namespace nvfp4_gemm {
+
+enum class OutDtype : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
+
+inline constexpr int64_t kSfVecSize = 16;       // e2m1 elements per e4m3 scale
+inline constexpr int64_t kSfAtomRows = 128;     // blocked-layout atom: 128 rows ...
+inline constexpr int64_t kSfAtomCols = 4;       // ... x 4 scale columns = 512 bytes
+inline constexpr int64_t kSfAtomBytes = kSfAtomRows * kSfAtomCols;
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Byte offset of logical scale (r, s) in the blocked layout of a matrix with `sf_cols` = K/16 columns
+// (SPEC.md: 128x4 atoms, row-block major; inside an atom (r%32)*16 + ((r%128)/32)*4 + s%4).
+constexpr int64_t blocked_sf_offset(int64_t r, int64_t s, int64_t sf_cols) {
+  return ((r / kSfAtomRows) * ceil_div(sf_cols, kSfAtomCols) + s / kSfAtomCols) * kSfAtomBytes +
+         (r % 32) * 16 + ((r % kSfAtomRows) / 32) * 4 + s % kSfAtomCols;
+}
+
+// C[m, n] = alpha * sum_k (e2m1(A[m,k]) * sfa[m,k/16]) * (e2m1(B[n,k]) * sfb[n,k/16]).
+// All pointers are device pointers. Guaranteed by the binding layer before any backend sees it:
+//   m >= 1, n % 8 == 0, k % 32 == 0; a, b, c 16-byte aligned; lda, ldb multiples of 16 bytes;
+//   ldc * sizeof(out) a multiple of 16 bytes; sfa / sfb hold the full padded blocked layout
+//   (round_up(m,128) x round_up(k/16,4) bytes, resp. n), contiguous.
+struct Problem {
+  const uint8_t* a;    // [m, k/2] packed e2m1, element 2i in the low nibble; rows lda bytes apart
+  const uint8_t* b;    // [n, k/2] likewise, rows ldb bytes apart
+  const uint8_t* sfa;  // blocked e4m3 scales of A
+  const uint8_t* sfb;  // blocked e4m3 scales of B
+  const float* alpha;  // one float on the device, or nullptr for 1
+  void* c;             // [m, n] of out_dtype, rows ldc elements apart
+  int64_t m, n, k;
+  int64_t lda, ldb;    // bytes
+  int64_t ldc;         // elements
+  OutDtype out_dtype;
+};
+
+struct DeviceInfo {
+  int32_t sm;              // major * 10 + minor, e.g. 90, 100, 103
+  int32_t num_sms;
+  int64_t smem_optin;      // max dynamic shared memory per block after opt-in, bytes
+};
+
+// The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
+// function pointers: the modules are separate shared objects, each built with only its own -gencode.
+inline constexpr int32_t kBackendAbiVersion = 1;
+
+struct BackendApi {
+  int32_t abi_version;          // kBackendAbiVersion
+  const char* name;             // "sm90", "sm100": what NVFP4_GEMM_BACKEND names
+  const char* compiled_for;     // e.g. "sm_90a" or "sm_100f"
+  int32_t num_configs;
+  const char* const* config_names;  // procedural kernel names, one per config
+  // Whether this module's kernels can run on a device of this SM version.
+  bool (*supports_sm)(int32_t sm);
+  // The config the dispatch table picks for this problem, or -1 if none applies (then `why` says why).
+  int32_t (*select)(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len);
+  // Whether `config` can run this problem (for forced configs). false: `why` says why.
+  bool (*can_run)(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len);
+  // Device workspace the config needs for this problem (0 if none). Zeroing is the backend's job.
+  size_t (*workspace_bytes)(const Problem* p, int32_t config, const DeviceInfo* dev);
+  // Enqueue the GEMM on `stream`. Returns true on a successful launch; false: `err` says why.
+  bool (*run)(const Problem* p, int32_t config, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream, char* err, size_t err_len);
+};
+
+}  // namespace nvfp4_gemm

@@ -1,0 +1,52 @@
+// CPU backend: exact decode to float32 (an e2m1 value times an e4m3 scale is exact in fp32), an fp32
+// matmul, alpha, then one rounding to the output dtype. Correct everywhere; not fast.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "bindings/checks.h"
+#include "common/e2m1.h"
+
+namespace nvfp4_gemm {
+namespace {
+
+// [rows, k/2] packed data + blocked scales -> [rows, k] float32.
+at::Tensor decode_cpu(const at::Tensor& packed, const at::Tensor& sf_blocked, int64_t rows, int64_t k) {
+  const at::Tensor data = packed.view(at::kByte).contiguous();
+  const uint8_t* src = data.data_ptr<uint8_t>();
+  // Every accepted scale view addresses the blocked bytes from its data pointer (checks.cpp).
+  const uint8_t* sf = static_cast<const uint8_t*>(sf_blocked.data_ptr());
+  at::Tensor out = at::empty({rows, k}, data.options().dtype(at::kFloat));
+  float* dst = out.data_ptr<float>();
+  const int64_t sf_cols = k / kSfVecSize;
+  float lut[16];
+  for (int c = 0; c < 16; ++c) lut[c] = e2m1_to_float(static_cast<uint8_t>(c));
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t s = 0; s < sf_cols; ++s) {
+        const float scale = e4m3_to_float(sf[blocked_sf_offset(r, s, sf_cols)]);
+        const uint8_t* in = src + r * (k / 2) + s * (kSfVecSize / 2);
+        float* o = dst + r * k + s * kSfVecSize;
+        for (int i = 0; i < kSfVecSize / 2; ++i) {
+          o[2 * i] = lut[in[i] & 0xF] * scale;
+          o[2 * i + 1] = lut[in[i] >> 4] * scale;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sfa, const at::Tensor& sfb,
+                  const std::optional<at::Tensor>& alpha, std::optional<at::ScalarType> out_dtype) {
+  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, /*gpu_rules=*/false);
+  if (s.m == 0 || s.n == 0) return at::empty({s.m, s.n}, a.options().dtype(s.out_dtype));
+  at::Tensor acc = at::mm(decode_cpu(a, sfa, s.m, s.k), decode_cpu(b, sfb, s.n, s.k).t());
+  if (alpha.has_value()) acc.mul_(alpha->reshape({}));
+  return acc.to(s.out_dtype);
+}
+
+}  // namespace
+}  // namespace nvfp4_gemm
+
+TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) { m.impl("mm", &nvfp4_gemm::mm_cpu); }

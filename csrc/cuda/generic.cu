@@ -1,0 +1,134 @@
+#include "cuda/generic.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <mutex>
+
+namespace nvfp4_gemm::generic {
+namespace {
+
+// alpha = 1 and beta = 0 on the device: cuBLAS's device pointer mode (needed for alpha, so that CUDA
+// graphs stay valid) applies to both scalars.
+__device__ const float kOneAndZero[2] = {1.0f, 0.0f};
+
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  // Magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} as (code & 7) -> 0.5 * {0,1,2,3,4,6,8,12}.
+  constexpr uint32_t kHalfUnits = 0xC8643210u;  // nibble i = 2 * magnitude(i), for i in 0..7
+  const float mag = 0.5f * static_cast<float>((kHalfUnits >> (4 * (code & 7))) & 0xF);
+  return (code & 8) ? -mag : mag;
+}
+
+__device__ __forceinline__ float e4m3_value(uint8_t bits) {
+  __nv_fp8_e4m3 v;
+  v.__x = bits;
+  return static_cast<float>(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// One thread per 16-element scale group: 8 packed bytes in, one scale, 32 bytes out.
+template <typename T>
+__global__ void decode_kernel(const uint8_t* __restrict__ packed, int64_t ld_bytes,
+                              const uint8_t* __restrict__ sf, int64_t rows, int64_t k, T* __restrict__ out) {
+  const int64_t groups_per_row = k / kSfVecSize;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= rows * groups_per_row) return;
+  const int64_t r = g / groups_per_row, s = g % groups_per_row;
+  const uint2 bytes = *reinterpret_cast<const uint2*>(packed + r * ld_bytes + s * (kSfVecSize / 2));
+  const float scale = e4m3_value(sf[blocked_sf_offset(r, s, groups_per_row)]);
+  alignas(16) T vals[kSfVecSize];
+  const uint32_t words[2] = {bytes.x, bytes.y};
+#pragma unroll
+  for (int i = 0; i < kSfVecSize; ++i) {
+    // Element 2j sits in the low nibble of byte j (SPEC.md).
+    const uint32_t code = (words[i / 8] >> (4 * (i % 8))) & 0xF;
+    vals[i] = from_float<T>(e2m1_value(code) * scale);  // exact: the product fits T's significand
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + r * k + s * kSfVecSize);
+  dst[0] = reinterpret_cast<const uint4*>(vals)[0];
+  dst[1] = reinterpret_cast<const uint4*>(vals)[1];
+}
+
+template <typename T>
+bool launch_decode(const uint8_t* packed, int64_t ld_bytes, const uint8_t* sf, int64_t rows, int64_t k,
+                   void* out, cudaStream_t stream) {
+  const int64_t groups = rows * (k / kSfVecSize);
+  constexpr int kThreads = 256;
+  const int64_t blocks = ceil_div(groups, kThreads);
+  decode_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(packed, ld_bytes, sf, rows, k,
+                                                                            static_cast<T*>(out));
+  return cudaGetLastError() == cudaSuccess;
+}
+
+const float* device_one_and_zero(char* err, size_t err_len) {
+  static std::mutex mutex;
+  static const float* cache[256] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 256) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache[dev] == nullptr) {
+    void* p = nullptr;
+    const cudaError_t e = cudaGetSymbolAddress(&p, kOneAndZero);
+    if (e != cudaSuccess) {
+      std::snprintf(err, err_len, "cudaGetSymbolAddress failed: %s", cudaGetErrorString(e));
+      return nullptr;
+    }
+    cache[dev] = static_cast<const float*>(p);
+  }
+  return cache[dev];
+}
+
+}  // namespace
+
+bool run(const Problem& p, cublasHandle_t handle, void* a_dq, void* b_dq, cudaStream_t stream, char* err,
+         size_t err_len) {
+  const bool bf16 = decode_to_bf16(p.out_dtype);
+  const bool ok = bf16 ? launch_decode<__nv_bfloat16>(p.a, p.lda, p.sfa, p.m, p.k, a_dq, stream) &&
+                             launch_decode<__nv_bfloat16>(p.b, p.ldb, p.sfb, p.n, p.k, b_dq, stream)
+                       : launch_decode<__half>(p.a, p.lda, p.sfa, p.m, p.k, a_dq, stream) &&
+                             launch_decode<__half>(p.b, p.ldb, p.sfb, p.n, p.k, b_dq, stream);
+  if (!ok) {
+    const cudaError_t e = cudaGetLastError();
+    std::snprintf(err, err_len, "decode kernel launch failed: %s (was the generic path compiled for this GPU? "
+                  "rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)", cudaGetErrorString(e));
+    return false;
+  }
+  const float* one_zero = device_one_and_zero(err, err_len);
+  if (one_zero == nullptr) return false;
+  const float* alpha = p.alpha != nullptr ? p.alpha : one_zero;
+  const float* beta = one_zero + 1;
+
+  const cudaDataType_t op_type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t c_type = p.out_dtype == OutDtype::kFloat32   ? CUDA_R_32F
+                                : p.out_dtype == OutDtype::kBFloat16 ? CUDA_R_16BF
+                                                                     : CUDA_R_16F;
+  cublasPointerMode_t old_mode;
+  cublasMath_t old_math;
+  cublasGetPointerMode(handle, &old_mode);
+  cublasGetMathMode(handle, &old_math);
+  cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE);
+  // fp32 accumulation throughout: no reduced-precision split-K reductions.
+  cublasSetMathMode(handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  // Row-major C[m, n] = A[m, k] B[n, k]^T is column-major C^T[n, m] = B^T' A', with B read transposed.
+  const cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
+                                         static_cast<int>(p.m), static_cast<int>(p.k), alpha, b_dq, op_type,
+                                         static_cast<int>(p.k), a_dq, op_type, static_cast<int>(p.k), beta, p.c,
+                                         c_type, static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cublasSetPointerMode(handle, old_mode);
+  cublasSetMathMode(handle, old_math);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::snprintf(err, err_len, "cublasGemmEx failed: %s", cublasGetStatusString(st));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace nvfp4_gemm::generic

@@ -1,0 +1,40 @@
+"""nvfp4_gemm: NVFP4 (e2m1 data, e4m3 per-16 scales in the 128x4 blocked layout) matrix multiplication.
+
+    C = nvfp4_gemm.mm(a, b, sfa, sfb, alpha=None, out_dtype=torch.float16)
+
+computes alpha * (A * sfa) @ (B * sfb)^T. See README.md and SPEC.md for formats and rules.
+"""
+from __future__ import annotations
+
+from ._loader import load_native as _load_native
+
+_native = _load_native()
+
+from .formats import (  # noqa: E402
+    blocked_offset,
+    blocked_shape,
+    dequantize,
+    from_blocked,
+    pack_e2m1,
+    permuted_view,
+    to_blocked,
+    unpack_e2m1,
+)
+from .info import configs, info  # noqa: E402
+from .ops import mm  # noqa: E402
+from .reference import reference_mm  # noqa: E402
+
+__all__ = [
+    "mm",
+    "reference_mm",
+    "dequantize",
+    "to_blocked",
+    "from_blocked",
+    "permuted_view",
+    "blocked_shape",
+    "blocked_offset",
+    "pack_e2m1",
+    "unpack_e2m1",
+    "info",
+    "configs",
+]

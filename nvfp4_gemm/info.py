@@ -1,0 +1,50 @@
+"""What this build contains and what will run where: nvfp4_gemm.info() and nvfp4_gemm.configs()."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+def _build_info() -> dict:
+    try:
+        from . import _build_info as b
+
+        return dict(b.BUILD)
+    except ImportError:
+        return {}
+
+
+def configs() -> dict[str, list[str]]:
+    """Kernel configs per arch backend, by name (what NVFP4_GEMM_CONFIG accepts)."""
+    return {name: v["configs"] for name, v in json.loads(torch.ops.nvfp4_gemm._backends_json()).items()}
+
+
+def info() -> dict:
+    """The build (archs, modules, CUTLASS origin), the backends and configs, and what runs on this device."""
+    from . import _native
+
+    backends = json.loads(torch.ops.nvfp4_gemm._backends_json())
+    out = {
+        "build": _build_info(),
+        "modules": ["_C", *_native["modules"]],
+        "modules_failed_to_load": _native["failed"],
+        "backends": {"cpu": {"configs": ["reference"]}, **({"generic": {"configs": ["decode+cublas"]}} if torch.cuda.is_available() or _build_info().get("with_cuda") else {}), **backends},
+        "forced_backend": os.environ.get("NVFP4_GEMM_BACKEND", "auto"),
+        "forced_config": os.environ.get("NVFP4_GEMM_CONFIG"),
+    }
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        sm = major * 10 + minor
+        arch = list(torch.ops.nvfp4_gemm._backends_for_sm(sm))
+        out["device"] = {"name": torch.cuda.get_device_name(), "sm": f"{major}.{minor}"}
+        out["device_backends"] = arch + (["generic"] if sm >= 80 else [])
+        out["device_note"] = (
+            f"shapes go to {arch[0]} where its table has a config, else generic" if arch
+            else ("generic (decode + cuBLAS) for every shape" if sm >= 80 else "no usable kernel (needs SM >= 8.0)")
+        )
+    else:
+        out["device"] = {"name": "cpu"}
+        out["device_backends"] = ["cpu"]
+    return out

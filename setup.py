@@ -1,0 +1,136 @@
+"""Builds nvfp4_gemm: the core module _C and, with a CUDA build of torch, one module per arch family.
+
+    pip install --no-build-isolation .          # or: python setup.py build_ext --inplace
+
+Environment:
+    NVFP4_GEMM_CUDA_ARCHS  "9.0a;10.0f" etc. (default: this machine's GPU, or every supported arch)
+    CUTLASS_DIR            a CUTLASS checkout (else third_party/cutlass, else the nvidia-cutlass package)
+    MAX_JOBS               parallel compile jobs (default: cores, capped by free memory at ~4 GiB a job)
+    NVFP4_GEMM_CPU_ONLY=1  build the CPU backend only, even with a CUDA build of torch
+Sources and flags come from build_manifest.py, which CMakeLists.txt reads too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from setuptools import setup
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_manifest as bm  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils import cpp_extension as ce  # noqa: E402
+
+ROOT = bm.ROOT
+
+
+def log(msg: str) -> None:
+    print(f"[nvfp4_gemm build] {msg}", flush=True)
+
+
+def cuda_wanted() -> bool:
+    if os.environ.get("NVFP4_GEMM_CPU_ONLY") == "1":
+        log("NVFP4_GEMM_CPU_ONLY=1: building the CPU backend only")
+        return False
+    if torch.version.cuda is None:
+        log(f"torch {torch.__version__} has no CUDA: building the CPU backend only")
+        return False
+    if ce.CUDA_HOME is None:
+        log("no CUDA toolkit found (set CUDA_HOME): building the CPU backend only")
+        return False
+    return True
+
+
+def nvidia_wheel_dirs() -> tuple[list[str], list[str]]:
+    """cuBLAS headers and libraries of torch's CUDA wheels (nvidia/cu13/...), needed by torch's CUDA headers."""
+    spec = importlib.util.find_spec("nvidia")
+    incs, libs = [], []
+    for base in list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []:
+        for sub in sorted(os.listdir(base)):
+            inc, lib = os.path.join(base, sub, "include"), os.path.join(base, sub, "lib")
+            if os.path.isfile(os.path.join(inc, "cublas_v2.h")):
+                incs.append(inc)
+                libs.append(lib)
+    return incs, libs
+
+
+def default_max_jobs() -> None:
+    if "MAX_JOBS" in os.environ:
+        return
+    jobs = os.cpu_count() or 1
+    try:
+        with open("/proc/meminfo") as f:
+            avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+        jobs = max(1, min(jobs, avail_kb // (4 * 1024 * 1024)))  # CUTLASS TUs peak near 4 GiB each
+    except (OSError, StopIteration):
+        pass
+    os.environ["MAX_JOBS"] = str(jobs)
+
+
+def extensions():
+    with_cuda = cuda_wanted()
+    archs = bm.requested_archs() if with_cuda else []
+    if with_cuda:
+        log(f"CUDA {torch.version.cuda}, archs {';'.join(archs)} (NVFP4_GEMM_CUDA_ARCHS)")
+    mods = bm.enabled_modules(archs, with_cuda)
+    cutlass_inc, cutlass_origin = [], None
+    if any(m.needs_cutlass for m, _ in mods):
+        cutlass_inc, cutlass_origin = bm.cutlass_include_dirs()
+        log(f"CUTLASS headers from {cutlass_origin}")
+    wheel_inc, wheel_lib = nvidia_wheel_dirs() if with_cuda else ([], [])
+
+    exts = []
+    for m, gencode in mods:
+        sources = m.sources(with_cuda)
+        if not sources:
+            continue
+        includes = [os.path.join(ROOT, d) for d in bm.INCLUDE_DIRS] + (cutlass_inc if m.needs_cutlass else [])
+        defines = ["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []
+        cxx = list(bm.COMMON_CXX_FLAGS) + defines
+        name = f"nvfp4_gemm.{m.name}"
+        if with_cuda:
+            log(f"module {m.name}: {len(sources)} sources, {' '.join(gencode)}")
+            exts.append(
+                ce.CUDAExtension(
+                    name,
+                    sources,
+                    include_dirs=includes + wheel_inc,
+                    library_dirs=wheel_lib,
+                    libraries=["cublas"] if m.arch_family is None else [],
+                    extra_compile_args={"cxx": cxx, "nvcc": list(bm.COMMON_NVCC_FLAGS) + defines + list(m.nvcc_flags) + gencode},
+                    extra_link_args=[f"-Wl,-rpath,{d}" for d in wheel_lib],
+                    py_limited_api=False,
+                )
+            )
+        else:
+            log(f"module {m.name}: {len(sources)} sources (CPU)")
+            exts.append(ce.CppExtension(name, sources, include_dirs=includes, extra_compile_args={"cxx": cxx}))
+
+    build = {
+        "with_cuda": with_cuda,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if with_cuda else None,
+        "archs": archs,
+        "modules": [e.name.split(".")[-1] for e in exts],
+        "cutlass": cutlass_origin,
+    }
+    with open(os.path.join(ROOT, "nvfp4_gemm", "_build_info.py"), "w") as f:
+        f.write("# Written by setup.py: what this build of nvfp4_gemm contains.\n")
+        f.write(f"BUILD = {build!r}\n")
+    return exts
+
+
+default_max_jobs()
+setup(
+    name="nvfp4_gemm",
+    version="0.1.0",
+    description="NVFP4 block-scaled GEMM for PyTorch: CUTLASS SM100 kernels, a fused Hopper kernel, CUDA and CPU fallbacks",
+    packages=["nvfp4_gemm"],
+    python_requires=">=3.10",
+    install_requires=["torch>=2.8"],
+    ext_modules=extensions(),
+    cmdclass={"build_ext": ce.BuildExtension.with_options(use_ninja=True)},
+    zip_safe=False,
+)
