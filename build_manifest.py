@@ -155,6 +155,50 @@ def cutlass_include_dirs() -> tuple[list[str], str]:
     )
 
 
+def cuda_library_dirs(cuda_home: str, log=print) -> tuple[list[str], list[str]]:
+    """Include and library dirs for the CUDA libraries (cuBLAS ...) of torch's CUDA wheels (nvidia/cu13/...).
+
+    torch's CUDA headers include cuBLAS / cuSPARSE / cuSOLVER headers, which a compiler-only toolkit does
+    not ship. The wheel's include dir also holds its own runtime headers, which must not shadow the
+    toolkit's: so only the headers missing from the toolkit are exposed, via links in build/.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    toolkit_inc = os.path.join(cuda_home, "include")
+    shim = os.path.join(ROOT, "build", "cuda_wheel_headers")
+    libs, linked = [], 0
+    for base in list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []:
+        for sub in sorted(os.listdir(base)):
+            inc, lib = os.path.join(base, sub, "include"), os.path.join(base, sub, "lib")
+            if not os.path.isfile(os.path.join(inc, "cublas_v2.h")):
+                continue
+            libs.append(lib)
+            os.makedirs(shim, exist_ok=True)
+            for name in os.listdir(inc):
+                src, dst = os.path.join(inc, name), os.path.join(shim, name)
+                if os.path.exists(os.path.join(toolkit_inc, name)) or os.path.lexists(dst):
+                    continue
+                os.symlink(src, dst)
+                linked += 1
+    if linked:
+        log(f"{linked} CUDA library headers linked from torch's CUDA wheels into {shim}")
+    return ([shim] if os.path.isdir(shim) else []), libs
+
+
+def cublas_link_name(lib_dirs: list[str], cuda_home: str) -> str:
+    """What to pass to -l for cuBLAS: 'cublas', or ':libcublas.so.N' where only the versioned file exists
+    (torch's CUDA wheels ship no unversioned link)."""
+    for d in [os.path.join(cuda_home, "lib64"), *lib_dirs]:
+        if os.path.exists(os.path.join(d, "libcublas.so")):
+            return "cublas"
+    for d in lib_dirs:
+        versioned = sorted(glob.glob(os.path.join(d, "libcublas.so.*")))
+        if versioned:
+            return ":" + os.path.basename(versioned[0])
+    return "cublas"
+
+
 def _cmake() -> None:
     """Print `set(...)` lines for CMakeLists.txt: the torch-free kernel sources of each arch module."""
     archs = requested_archs()
@@ -162,6 +206,10 @@ def _cmake() -> None:
     print(f'set(NVFP4_CUTLASS_INCLUDE_DIRS "{";".join(inc)}")')
     print(f'set(NVFP4_CUTLASS_ORIGIN "{origin}")')
     print(f'set(NVFP4_COMMON_NVCC_FLAGS "{";".join(COMMON_NVCC_FLAGS)}")')
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    lib_inc, lib_dirs = cuda_library_dirs(cuda_home, log=lambda _m: None)
+    print(f'set(NVFP4_CUDA_LIBRARY_INCLUDE_DIRS "{";".join(lib_inc)}")')
+    print(f'set(NVFP4_CUDA_LIBRARY_DIRS "{";".join(lib_dirs)}")')
     for m, flags in enabled_modules(archs, with_cuda=True):
         # Kernel TUs only: the torch-facing .cpp files (bindings, module.cpp) are for setup.py.
         kernels = [s for s in m.sources(True) if s.endswith(".cu")]

@@ -11,7 +11,6 @@ Sources and flags come from build_manifest.py, which CMakeLists.txt reads too.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -19,6 +18,11 @@ from setuptools import setup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import build_manifest as bm  # noqa: E402
+
+# torch locates the toolkit through CUDA_HOME or an nvcc on PATH; a toolkit at the default prefix that is
+# on neither is still the one to use.
+if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ and os.path.isfile("/usr/local/cuda/bin/nvcc"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
 import torch  # noqa: E402
 from torch.utils import cpp_extension as ce  # noqa: E402
@@ -41,19 +45,6 @@ def cuda_wanted() -> bool:
         log("no CUDA toolkit found (set CUDA_HOME): building the CPU backend only")
         return False
     return True
-
-
-def nvidia_wheel_dirs() -> tuple[list[str], list[str]]:
-    """cuBLAS headers and libraries of torch's CUDA wheels (nvidia/cu13/...), needed by torch's CUDA headers."""
-    spec = importlib.util.find_spec("nvidia")
-    incs, libs = [], []
-    for base in list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []:
-        for sub in sorted(os.listdir(base)):
-            inc, lib = os.path.join(base, sub, "include"), os.path.join(base, sub, "lib")
-            if os.path.isfile(os.path.join(inc, "cublas_v2.h")):
-                incs.append(inc)
-                libs.append(lib)
-    return incs, libs
 
 
 def default_max_jobs() -> None:
@@ -79,7 +70,7 @@ def extensions():
     if any(m.needs_cutlass for m, _ in mods):
         cutlass_inc, cutlass_origin = bm.cutlass_include_dirs()
         log(f"CUTLASS headers from {cutlass_origin}")
-    wheel_inc, wheel_lib = nvidia_wheel_dirs() if with_cuda else ([], [])
+    wheel_inc, wheel_lib = bm.cuda_library_dirs(ce.CUDA_HOME, log) if with_cuda else ([], [])
 
     exts = []
     for m, gencode in mods:
@@ -98,7 +89,7 @@ def extensions():
                     sources,
                     include_dirs=includes + wheel_inc,
                     library_dirs=wheel_lib,
-                    libraries=["cublas"] if m.arch_family is None else [],
+                    libraries=[bm.cublas_link_name(wheel_lib, ce.CUDA_HOME)] if m.arch_family is None else [],
                     extra_compile_args={"cxx": cxx, "nvcc": list(bm.COMMON_NVCC_FLAGS) + defines + list(m.nvcc_flags) + gencode},
                     extra_link_args=[f"-Wl,-rpath,{d}" for d in wheel_lib],
                     py_limited_api=False,

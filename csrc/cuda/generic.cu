@@ -1,6 +1,7 @@
 #include "cuda/generic.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_fp16.h>
 
 #include <cstdio>
