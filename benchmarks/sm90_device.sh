@@ -1,0 +1,31 @@
+#!/bin/bash
+# One device call: build the sm90 module, run the sm90 tests, time the targets. Logs go to $OUT.
+# Usage (repo root, cutlass wheel in .whl/): bash benchmarks/sm90_device.sh [build|test|bench|sanitize]...
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NVFP4_GEMM_CUDA_ARCHS=9.0a MAX_JOBS=16
+for step in "$@"; do
+  case $step in
+    build) (time python3 setup.py build_ext --inplace) >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+           grep -E "spill|error" "$OUT/build.log" | sort | uniq -c | head; python3 -c "import nvfp4_gemm, json; print(json.dumps(nvfp4_gemm.configs()))" ;;
+    smoke) python3 - <<'PY'
+import os, torch, nvfp4_gemm
+os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
+for m, n, k in [(1, 8, 32), (128, 256, 1024), (300, 136, 544), (128, 7168, 2048)]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    sf = lambda r: nvfp4_gemm.to_blocked(((torch.randint(1, 11, (r, k // 16), device="cuda", generator=g) << 3) | torch.randint(0, 8, (r, k // 16), device="cuda", generator=g)).to(torch.uint8).view(torch.float8_e4m3fn))
+    sfa, sfb = sf(m), sf(n)
+    out = nvfp4_gemm.mm(a, b, sfa, sfb).float()
+    ref = nvfp4_gemm.dequantize(a, sfa, k, torch.float64) @ nvfp4_gemm.dequantize(b, sfb, k, torch.float64).T
+    print("smoke", (m, n, k), "rel err", float((out - ref).abs().max() / ref.abs().max()), "nan", int(out.isnan().sum()))
+PY
+    ;;
+    test) NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 300 python3 -m pytest -q -x tests 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
+    bench) timeout 240 python3 benchmarks/bench_sm90.py --out "$OUT" ${BENCH_ARGS} 2>&1 | tail -30 ;;
+    sanitize) for tool in memcheck racecheck; do
+        timeout 200 compute-sanitizer --tool $tool --print-limit 5 python3 benchmarks/sm90_sanitize_cases.py 2>&1 | tee "$OUT/sanitize_$tool.log" | tail -6; done ;;
+  esac
+done

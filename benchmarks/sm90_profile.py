@@ -1,0 +1,45 @@
+"""Per-kernel GPU time of nvfp4_gemm.mm (sm90) on the target shapes, through torch.profiler: where the
+time goes (A prepass, main kernel, split-K reduce). python benchmarks/sm90_profile.py [splits ...]"""
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import nvfp4_gemm
+
+os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
+SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
+          (512, 4096, 7168), (2304, 4608, 7168)]
+variants = sys.argv[1:] or ["auto"]
+for m, n, k in SHAPES:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    sfa = nvfp4_gemm.to_blocked(torch.full((m, k // 16), 0x30, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn))
+    sfb = nvfp4_gemm.to_blocked(torch.full((n, k // 16), 0x30, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn))
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for v in variants:
+        if v == "auto":
+            os.environ.pop("NVFP4_GEMM_SM90_SPLITS", None)
+        else:
+            os.environ["NVFP4_GEMM_SM90_SPLITS"] = v
+        for _ in range(3):
+            nvfp4_gemm.mm(a, b, sfa, sfb)
+        torch.cuda.synchronize()
+        reps = 20
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                flush.zero_()
+                nvfp4_gemm.mm(a, b, sfa, sfb)
+            torch.cuda.synchronize()
+        parts = []
+        total = 0.0
+        for e in prof.key_averages():
+            if e.device_type.name != "CUDA" or "elementwise" in e.key or "fill" in e.key.lower() or "memset" in e.key.lower():
+                continue
+            us = e.device_time_total / reps
+            total += us
+            name = e.key.split("(")[0].replace("void nvfp4_gemm::sm90::", "")[:40]
+            parts.append(f"{name}={us:.1f}")
+        print(f"({m},{n},{k}) splits={v}: total {total:.1f} us | " + " ".join(parts), flush=True)

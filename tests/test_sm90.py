@@ -1,0 +1,155 @@
+"""SM90-only checks beyond the shared suite: every dispatch entry forced on partial tiles, a randomized
+sweep of >= 300 shapes, bitwise determinism, CUDA graph capture and a non-default stream.
+
+The sweep's shapes reach 4096 x 8192 x 16384, too large for the CPU float64 reference of cases.py, so
+these tests check on the GPU in float64 with the same SPEC.md bound.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import nvfp4_gemm
+from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, Case, make_inputs
+from conftest import backend_skip_reason
+
+_reason = backend_skip_reason("sm90")
+pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
+
+SWEEP_CASES = int(os.environ.get("NVFP4_GEMM_SM90_SWEEP", "300"))
+
+
+@pytest.fixture(autouse=True)
+def _force_sm90(monkeypatch):
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm90")
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+
+
+def _gpu_inputs(m, n, k, out_dtype=torch.float16, alpha=None, scales="typical", seed=0):
+    """Like cases.make_inputs, generated on the GPU (the CPU generator is too slow for 4096 x 16384)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+
+    def scales_for(rows):
+        lo, hi = {"typical": (1, 11), "wide": (1, 13), "tiny": (0, 3)}[scales]
+        exp = torch.randint(lo, hi, (rows, k // 16), device="cuda", generator=g)
+        man = torch.randint(0, 8, (rows, k // 16), device="cuda", generator=g)
+        lin = ((exp << 3) | man).to(torch.uint8).view(torch.float8_e4m3fn)
+        return nvfp4_gemm.to_blocked(lin)
+
+    al = None if alpha is None else torch.tensor([alpha], dtype=torch.float32, device="cuda")
+    return dict(a=a, b=b, sfa=scales_for(m), sfb=scales_for(n), alpha=al, out_dtype=out_dtype)
+
+
+def _check_gpu(out, inputs):
+    a, b, sfa, sfb, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "alpha", "out_dtype"))
+    k = a.shape[1] * 2
+    ad = nvfp4_gemm.dequantize(a, sfa, k, torch.float64)
+    bd = nvfp4_gemm.dequantize(b, sfb, k, torch.float64)
+    al = 1.0 if alpha is None else float(alpha.reshape(()))
+    ref = (ad @ bd.T) * al
+    mag = (ad.abs() @ bd.abs().T) * abs(al)
+    got = out.to(torch.float64)
+    assert not torch.isnan(got).any() and not torch.isnan(ref).any()
+    bound = 2 * UNIT_ROUNDOFF[dt] * ref.abs() + 2.0**-16 * mag + SMALLEST_SUBNORMAL[dt]
+    ref_rounded = ref.to(dt).to(torch.float64)
+    # inf is required where even |ref| - bound overflows; within the bound of the threshold either the
+    # right-signed inf or a finite value inside the bound is right (fp32 accumulation decides).
+    must_inf = torch.isinf((ref.abs() - bound).clamp(min=0).to(dt).to(torch.float64))
+    assert torch.equal(got[must_inf], ref_rounded[must_inf]), "expected inf where the reference overflows"
+    may_inf = torch.isinf(ref_rounded) & (got == ref_rounded)
+    excess = torch.where(must_inf | may_inf, torch.zeros_like(ref), (got - ref).abs() - bound)
+    bad = int((excess > 0).sum())
+    if bad:
+        idx = int(excess.argmax())
+        i, j = divmod(idx, out.shape[1])
+        raise AssertionError(f"{bad} elements out of bound; worst ({i},{j}) out={got[i, j].item()} ref={ref[i, j].item()}")
+
+
+def _configs():
+    return nvfp4_gemm.configs().get("sm90", [])
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 32), (7, 136, 96), (100, 264, 544), (300, 200, 1056)])
+def test_every_config_on_partial_tiles(monkeypatch, shape):
+    """Each dispatch entry, forced, on shapes with M, N and K all off their tile sizes (K/16 % 4 != 0)."""
+    m, n, k = shape
+    for i, name in enumerate(_configs()):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        inputs = _gpu_inputs(m, n, k, seed=17 * i + m)
+        _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
+
+
+@pytest.mark.parametrize("splits", ["1", "2", "5"])
+def test_forced_splits(monkeypatch, splits):
+    monkeypatch.setenv("NVFP4_GEMM_SM90_SPLITS", splits)
+    for m, n, k in ((1, 1024, 4096), (130, 392, 2080), (257, 136, 1024)):
+        inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=m)
+        _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
+
+
+def test_random_sweep():
+    """>= 300 random shapes: M 1..4096, N % 8 == 0 up to 8192, K % 32 == 0 up to 16384, random scale
+    ranges and output dtypes. Log-uniform sizes so both small and large tiles get many cases."""
+    rng = random.Random(2026)
+    fails = []
+    for i in range(SWEEP_CASES):
+        m = min(4096, max(1, int(math.exp(rng.uniform(0, math.log(4096))))))
+        n = min(8192, max(8, 8 * int(math.exp(rng.uniform(0, math.log(1024))))))
+        k = min(16384, max(32, 32 * int(math.exp(rng.uniform(0, math.log(512))))))
+        if m * n * k > 4096 * 4096 * 4096:  # keeps the float64 reference under a second
+            k = max(32, (4096 * 4096 * 4096 // (m * n)) // 32 * 32)
+        dt = rng.choice([torch.float16, torch.bfloat16, torch.float32])
+        alpha = rng.choice([None, 0.5, -2.0])
+        scales = rng.choice(["typical", "wide", "tiny"]) if dt != torch.float16 else rng.choice(["typical", "tiny"])
+        inputs = _gpu_inputs(m, n, k, dt, alpha, scales, seed=i)
+        try:
+            _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
+        except AssertionError as e:
+            fails.append(f"({m},{n},{k}) {dt} alpha={alpha} {scales}: {e}")
+    assert not fails, f"{len(fails)} of {SWEEP_CASES} failed:\n" + "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("shape", [(1, 7168, 16384), (128, 7168, 2048), (300, 4096, 1024)])
+def test_bitwise_deterministic(shape):
+    inputs = _gpu_inputs(*shape, seed=5)
+    first = nvfp4_gemm.mm(**inputs)
+    for _ in range(19):
+        assert torch.equal(nvfp4_gemm.mm(**inputs).view(torch.int16), first.view(torch.int16))
+
+
+def test_cuda_graph_and_side_stream():
+    inputs = _gpu_inputs(128, 1024, 2048, alpha=1.5, seed=9)
+    expect = nvfp4_gemm.mm(**inputs)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        side = nvfp4_gemm.mm(**inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(side, expect)
+
+    with torch.cuda.stream(s):  # warm-up on the capture stream, as CUDA graphs want
+        nvfp4_gemm.mm(**inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = nvfp4_gemm.mm(**inputs)
+    inputs["alpha"].fill_(-3.0)  # alpha is read on the device at replay time
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_gpu(captured, inputs)
+
+
+def test_shared_suite_cases_on_sm90():
+    """The shared generator (cases.make_inputs) with its special scales, through the sm90 kernels."""
+    from nvfp4_gemm.testing import check_against_reference
+
+    for case in (Case(300, 264, 544, torch.float16, alpha=0.37), Case(70, 80, 512, torch.float32, scales="nan"),
+                 Case(40, 64, 2048, torch.float16, scales="large"), Case(65, 96, 320, torch.float32, scales="tiny")):
+        inputs = make_inputs(case, "cuda", seed=1)
+        check_against_reference(nvfp4_gemm.mm(**inputs), inputs)
