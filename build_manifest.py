@@ -54,7 +54,7 @@ MODULES = (
         cpp_globs=(),
         cuda_globs=("csrc/sm90/*.cpp", "csrc/sm90/*.cu", "csrc/sm90/generated/*.cu"),
         arch_family="9.0a",
-        accepts=("9.0a", "9.0"),
+        accepts=("9.0a",),
         needs_cutlass=True,
     ),
     # Blackwell: CUTLASS block-scaled GemmUniversal kernels.
@@ -63,7 +63,7 @@ MODULES = (
         cpp_globs=(),
         cuda_globs=("csrc/sm100/*.cpp", "csrc/sm100/*.cu", "csrc/sm100/generated/*.cu"),
         arch_family="10.0f",
-        accepts=("10.0f", "10.0a", "10.3a", "10.0", "10.3"),
+        accepts=("10.0f", "10.0a", "10.3a"),
         needs_cutlass=True,
     ),
 )

@@ -41,10 +41,40 @@ def cuda_wanted() -> bool:
     if torch.version.cuda is None:
         log(f"torch {torch.__version__} has no CUDA: building the CPU backend only")
         return False
-    if ce.CUDA_HOME is None:
-        log("no CUDA toolkit found (set CUDA_HOME): building the CPU backend only")
+    if ce.CUDA_HOME is None or not os.path.isfile(os.path.join(ce.CUDA_HOME, "bin", "nvcc")):
+        log(f"no nvcc under CUDA_HOME={ce.CUDA_HOME}: building the CPU backend only (set CUDA_HOME to a CUDA toolkit)")
         return False
     return True
+
+
+def shared_libstdcxx_compiler() -> None:
+    """Keep libstdc++ shared with torch's.
+
+    A devtoolset-style g++ (one that ships libstdc++_nonshared.a, as some CUDA images set in CXX) links
+    parts of libstdc++ statically into the extension; iostream calls in it then run against an
+    uninitialised second copy and crash (seen: formatting an integer in an error message). Such a
+    compiler is swapped for the system g++ when there is one.
+    """
+    import shutil
+    import subprocess
+
+    cxx = os.environ.get("CXX")
+    if not cxx:
+        return
+    try:
+        probe = subprocess.run([cxx, "-print-file-name=libstdc++_nonshared.a"], capture_output=True, text=True)
+        nonshared = os.path.isabs(probe.stdout.strip()) and os.path.exists(probe.stdout.strip())
+    except OSError:
+        return
+    system_cxx = "/usr/bin/g++" if os.path.exists("/usr/bin/g++") else shutil.which("g++")
+    if nonshared and system_cxx and os.path.realpath(system_cxx) != os.path.realpath(cxx):
+        log(f"CXX={cxx} links libstdc++ partly statically; using {system_cxx} instead so the extension shares "
+            "torch's libstdc++ (set NVFP4_GEMM_KEEP_CXX=1 to keep it)")
+        if os.environ.get("NVFP4_GEMM_KEEP_CXX") != "1":
+            os.environ["CXX"] = system_cxx
+            cc = os.path.join(os.path.dirname(system_cxx), "gcc")
+            if os.path.exists(cc):
+                os.environ["CC"] = cc
 
 
 def default_max_jobs() -> None:
@@ -113,6 +143,7 @@ def extensions():
     return exts
 
 
+shared_libstdcxx_compiler()
 default_max_jobs()
 setup(
     name="nvfp4_gemm",
