@@ -1,0 +1,21 @@
+// A device-resident 1.0f: the epilogue always reads alpha through a pointer, so "no alpha" stays
+// graph-capturable without a host-side scalar path.
+#include <cuda_runtime_api.h>
+
+namespace nvfp4_gemm::sm100 {
+
+__device__ const float kDeviceOne = 1.0f;
+
+// Per device: a __device__ symbol has a distinct address in each device's context.
+const float* device_one(int device) {
+  static const float* cached[64] = {};
+  if (device < 0 || device >= 64) return nullptr;
+  if (!cached[device]) {
+    void* p = nullptr;
+    if (cudaGetSymbolAddress(&p, kDeviceOne) != cudaSuccess) return nullptr;
+    cached[device] = static_cast<const float*>(p);
+  }
+  return cached[device];
+}
+
+}  // namespace nvfp4_gemm::sm100

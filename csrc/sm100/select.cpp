@@ -1,0 +1,22 @@
+#include "sm100/select.h"
+
+#include <cstdio>
+
+namespace nvfp4_gemm::sm100 {
+
+int32_t select_config(const Problem& p, const DeviceInfo& dev, char* why, size_t why_len) {
+  if (!supports_sm(dev.sm)) {
+    std::snprintf(why, why_len,
+                  "the sm100 module's kernels (sm_100f: tcgen05 block-scaled MMA) run on SM 100 / 103, "
+                  "not on SM %d", dev.sm);
+    return -1;
+  }
+  for (int32_t i = 0; i < kNumConfigs; ++i) {
+    if (kConfigs[i].m_max < 0 || p.m <= kConfigs[i].m_max) return i;
+  }
+  // generate.py asserts the last entry is unbounded.
+  std::snprintf(why, why_len, "internal error: the sm100 dispatch table has no entry for M=%lld", (long long)p.m);
+  return -1;
+}
+
+}  // namespace nvfp4_gemm::sm100

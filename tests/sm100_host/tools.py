@@ -1,0 +1,124 @@
+"""Build and tool lookup for the SM100 host checks (tests/test_sm100_*.py). No GPU needed anywhere.
+
+Host programs are compiled with the toolkit's nvcc against the same CUTLASS headers and flags as the
+_C_sm100 module (build_manifest.py), and cached under build/sm100_host/<hash of inputs>/ so that a rerun
+with unchanged sources costs nothing.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOST_DIR = os.path.join(ROOT, "tests", "sm100_host")
+SM100_DIR = os.path.join(ROOT, "csrc", "sm100")
+CACHE = os.path.join(ROOT, "build", "sm100_host")
+
+# The SASS tools are not part of a pip CUDA toolkit's nvcc; their wheels put them here.
+TOOL_WHEELS = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+
+
+def _manifest():
+    sys.path.insert(0, ROOT)
+    try:
+        import build_manifest
+
+        return build_manifest
+    finally:
+        sys.path.pop(0)
+
+
+def find_nvcc() -> str | None:
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except ImportError:
+        CUDA_HOME = None
+    for home in (os.environ.get("CUDA_HOME"), CUDA_HOME, "/usr/local/cuda"):
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def find_tool(name: str) -> str | None:
+    """cuobjdump / nvdisasm: PATH, the toolkit, or the nvidia-cuda-* wheels in site-packages."""
+    if shutil.which(name):
+        return shutil.which(name)
+    nvcc = find_nvcc()
+    if nvcc and os.path.isfile(os.path.join(os.path.dirname(nvcc), name)):
+        return os.path.join(os.path.dirname(nvcc), name)
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}:
+        for hit in sorted(glob.glob(os.path.join(site, "nvidia", "*", "bin", name))):
+            return hit
+    return None
+
+
+def sass_tools_env() -> tuple[str | None, dict, str | None]:
+    """(cuobjdump path, env with nvdisasm on PATH, reason if either is missing)."""
+    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
+    if not cuobjdump or not nvdisasm:
+        missing = " and ".join(n for n, p in (("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if not p)
+        return None, {}, f"{missing} not found: pip install {TOOL_WHEELS}"
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+    return cuobjdump, env, None
+
+
+def cutlass_includes() -> list[str]:
+    inc, _ = _manifest().cutlass_include_dirs()
+    return inc
+
+
+def nvcc_flags(device: bool) -> list[str]:
+    """The module's own nvcc flags (build_manifest.py); `device` adds its sm_100f target."""
+    bm = _manifest()
+    flags = [f for f in bm.COMMON_NVCC_FLAGS if not f.startswith(("-U", "-O"))]
+    flags += [f"-I{os.path.join(ROOT, d)}" for d in bm.INCLUDE_DIRS] + [f"-I{d}" for d in cutlass_includes()]
+    if device:
+        mod = next(m for m in bm.MODULES if m.name == "_C_sm100")
+        flags += bm.gencode(mod.arch_family)
+    return flags
+
+
+def _inputs_hash(files: list[str], flags: list[str]) -> str:
+    h = hashlib.sha256(" ".join(flags).encode())
+    deps = files + sorted(glob.glob(os.path.join(SM100_DIR, "*.h")) + glob.glob(os.path.join(SM100_DIR, "*.cuh")))
+    deps += [os.path.join(SM100_DIR, "generated", "table.inc"), os.path.join(ROOT, "csrc", "common", "problem.h")]
+    for f in deps:
+        h.update(f.encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def build_host_program(name: str, cu: str, cpp: tuple[str, ...] = (), device_flags: bool = False) -> str:
+    """Compile tests/sm100_host/<cu> (+ host-compiler .cpp files from csrc/) into a cached executable."""
+    nvcc = find_nvcc()
+    assert nvcc, "nvcc not found"
+    flags = nvcc_flags(device_flags)
+    src = os.path.join(HOST_DIR, cu)
+    cpp_paths = [os.path.join(ROOT, c) for c in cpp]
+    out_dir = os.path.join(CACHE, f"{name}-{_inputs_hash([src, *cpp_paths], flags)}")
+    exe = os.path.join(out_dir, name)
+    if os.path.isfile(exe):
+        return exe
+    os.makedirs(out_dir, exist_ok=True)
+    objs = []
+    for c in cpp_paths:
+        obj = os.path.join(out_dir, os.path.basename(c) + ".o")
+        cuda_inc = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include")
+        _run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-c", c, "-o", obj, f"-I{ROOT}/csrc", f"-I{cuda_inc}"])
+        objs.append(obj)
+    _run([nvcc, *flags, "-O1", "-o", exe + ".tmp", src, *objs])
+    os.replace(exe + ".tmp", exe)
+    return exe
+
+
+def _run(cmd: list[str]) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\nfailed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}")
