@@ -11,10 +11,11 @@ Nothing here runs a kernel; nothing here says anything about SM100 timing.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 
@@ -90,6 +91,17 @@ REFERENCE_CASES = [
 _DT_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
+def _write(path, t: torch.Tensor) -> None:
+    b = t.contiguous().view(torch.uint8).reshape(-1)
+    with open(path, "wb") as f:
+        f.write(ctypes.string_at(b.data_ptr(), b.numel()))
+
+
+def _read(path, dtype: torch.dtype) -> torch.Tensor:
+    with open(path, "rb") as f:
+        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).view(dtype)
+
+
 def _padded(t: torch.Tensor, pad: int) -> torch.Tensor:
     """Rows `pad` bytes longer than the data (junk in the gap), as a non-contiguous caller buffer."""
     if pad == 0:
@@ -111,23 +123,23 @@ def test_cutlass_host_reference_agrees(reference_exe, tmp_path, case, pad, swap)
     d = tmp_path
     with open(d / "meta.txt", "w") as f:
         f.write(f"{m} {n} {k} {a.shape[1]} {b.shape[1]} {ldc} {int(swap)} {_DT_CODE[case.out_dtype]}\n")
-    a.numpy().tofile(d / "a.bin")
-    b.numpy().tofile(d / "b.bin")
-    inp["sfa"].view(torch.uint8).reshape(-1).numpy().tofile(d / "sfa.bin")
-    inp["sfb"].view(torch.uint8).reshape(-1).numpy().tofile(d / "sfb.bin")
-    np.array([alpha], dtype=np.float32).tofile(d / "alpha.bin")
+    _write(d / "a.bin", a)
+    _write(d / "b.bin", b)
+    _write(d / "sfa.bin", inp["sfa"])
+    _write(d / "sfb.bin", inp["sfb"])
+    with open(d / "alpha.bin", "wb") as f:
+        f.write(struct.pack("<f", alpha))
     _run(reference_exe, str(d))
 
     # C = what CUTLASS's reference computed through the launcher's operand description.
-    raw = torch.from_numpy(np.fromfile(d / "d.bin", dtype=np.uint8))
-    out = raw.view(case.out_dtype).reshape(m, ldc)[:, :n]
+    out = _read(d / "d.bin", case.out_dtype).reshape(m, ldc)[:, :n]
     check_against_reference(out, inp)
     ref = nvfp4_gemm.reference_mm(inp["a"], inp["b"], inp["sfa"], inp["sfb"], alpha=inp["alpha"], out_dtype=case.out_dtype)
     assert torch.equal(torch.isnan(out), torch.isnan(ref))
 
     # Nibble order and scale mapping, element by element: CUTLASS's float_e2m1_t view x its SF tensor.
     for name, packed, sf, rows in (("a", inp["a"], inp["sfa"], m), ("b", inp["b"], inp["sfb"], n)):
-        got = torch.from_numpy(np.fromfile(d / f"deq_{name}.bin", dtype=np.float32)).reshape(rows, k)
+        got = _read(d / f"deq_{name}.bin", torch.float32).reshape(rows, k)
         want = nvfp4_gemm.dequantize(packed, sf, k, torch.float32)
         same = (got == want) | (torch.isnan(got) & torch.isnan(want))
         assert same.all(), (

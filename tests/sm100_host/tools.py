@@ -33,15 +33,24 @@ def _manifest():
         sys.path.pop(0)
 
 
-def find_nvcc() -> str | None:
+def cuda_home() -> str | None:
+    """A toolkit with both nvcc and its runtime headers (a bare bin/nvcc wrapper elsewhere is not one)."""
     try:
         from torch.utils.cpp_extension import CUDA_HOME
     except ImportError:
         CUDA_HOME = None
-    for home in (os.environ.get("CUDA_HOME"), CUDA_HOME, "/usr/local/cuda"):
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
+    which = shutil.which("nvcc")
+    from_path = os.path.dirname(os.path.dirname(os.path.realpath(which))) if which else None
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda", CUDA_HOME, from_path):
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")) and os.path.isfile(
+                os.path.join(home, "include", "cuda_runtime_api.h")):
+            return home
+    return None
+
+
+def find_nvcc() -> str | None:
+    home = cuda_home()
+    return os.path.join(home, "bin", "nvcc") if home else None
 
 
 def find_tool(name: str) -> str | None:
@@ -110,7 +119,7 @@ def build_host_program(name: str, cu: str, cpp: tuple[str, ...] = (), device_fla
     objs = []
     for c in cpp_paths:
         obj = os.path.join(out_dir, os.path.basename(c) + ".o")
-        cuda_inc = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include")
+        cuda_inc = os.path.join(cuda_home(), "include")
         _run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-c", c, "-o", obj, f"-I{ROOT}/csrc", f"-I{cuda_inc}"])
         objs.append(obj)
     _run([nvcc, *flags, "-O1", "-o", exe + ".tmp", src, *objs])
