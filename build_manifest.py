@@ -46,7 +46,8 @@ MODULES = (
     Module(
         name="_C",
         cpp_globs=("csrc/bindings/*.cpp", "csrc/cpu/*.cpp"),
-        cuda_globs=("csrc/bindings/cuda/*.cpp", "csrc/cuda/*.cu"),
+        cuda_globs=("csrc/bindings/cuda/*.cpp", "csrc/cuda/*.cu",
+                    "csrc/quant/*.cu"),  # NVFP4 quantization kernel (issue 5)
     ),
     # Hopper: fused decode + fp16 wgmma kernels.
     Module(

@@ -23,6 +23,8 @@ from .formats import (  # noqa: E402
 from .info import configs, info  # noqa: E402
 from .ops import mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
+from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
+from .nn import NVFP4Linear, quantize_model  # noqa: E402
 
 __all__ = [
     "mm",
@@ -37,4 +39,9 @@ __all__ = [
     "unpack_e2m1",
     "info",
     "configs",
+    "quantize",
+    "reference_quantize",
+    "global_encode_scale",
+    "NVFP4Linear",
+    "quantize_model",
 ]
