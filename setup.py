@@ -50,31 +50,39 @@ def cuda_wanted() -> bool:
 def shared_libstdcxx_compiler() -> None:
     """Keep libstdc++ shared with torch's.
 
-    A devtoolset-style g++ (one that ships libstdc++_nonshared.a, as some CUDA images set in CXX) links
-    parts of libstdc++ statically into the extension; iostream calls in it then run against an
-    uninitialised second copy and crash (seen: formatting an integer in an error message). Such a
-    compiler is swapped for the system g++ when there is one.
+    Some CUDA images set CXX to a g++ whose shared objects carry their own static libstdc++ (no
+    libstdc++.so.6 among their needed libraries). iostream calls in the extension then run against an
+    uninitialised second copy and crash (seen on the H100 image: formatting an integer in an error
+    message). Such a compiler is swapped for the system g++, found by linking a probe library with it.
     """
     import shutil
     import subprocess
+    import tempfile
 
     cxx = os.environ.get("CXX")
-    if not cxx:
-        return
-    try:
-        probe = subprocess.run([cxx, "-print-file-name=libstdc++_nonshared.a"], capture_output=True, text=True)
-        nonshared = os.path.isabs(probe.stdout.strip()) and os.path.exists(probe.stdout.strip())
-    except OSError:
-        return
     system_cxx = "/usr/bin/g++" if os.path.exists("/usr/bin/g++") else shutil.which("g++")
-    if nonshared and system_cxx and os.path.realpath(system_cxx) != os.path.realpath(cxx):
-        log(f"CXX={cxx} links libstdc++ partly statically; using {system_cxx} instead so the extension shares "
-            "torch's libstdc++ (set NVFP4_GEMM_KEEP_CXX=1 to keep it)")
-        if os.environ.get("NVFP4_GEMM_KEEP_CXX") != "1":
-            os.environ["CXX"] = system_cxx
-            cc = os.path.join(os.path.dirname(system_cxx), "gcc")
-            if os.path.exists(cc):
-                os.environ["CC"] = cc
+    if not cxx or not system_cxx or os.path.realpath(cxx) == os.path.realpath(system_cxx):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write("#include <sstream>\nstd::string probe(long v) { std::ostringstream os; os << v; return os.str(); }\n")
+        try:
+            subprocess.run([cxx, "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
+            needed = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return
+    if "libstdc++" in needed:
+        return
+    if os.environ.get("NVFP4_GEMM_KEEP_CXX") == "1":
+        log(f"warning: CXX={cxx} links libstdc++ statically; kept because NVFP4_GEMM_KEEP_CXX=1")
+        return
+    log(f"CXX={cxx} links libstdc++ statically; using {system_cxx} so the extension shares torch's libstdc++ "
+        "(NVFP4_GEMM_KEEP_CXX=1 keeps it)")
+    os.environ["CXX"] = system_cxx
+    cc = os.path.join(os.path.dirname(system_cxx), "gcc")
+    if os.path.exists(cc):
+        os.environ["CC"] = cc
 
 
 def default_max_jobs() -> None:
