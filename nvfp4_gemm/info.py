@@ -25,12 +25,16 @@ def info() -> dict:
     """The build (archs, modules, CUTLASS origin), the backends and configs, and what runs on this device."""
     from . import _native
 
-    backends = json.loads(torch.ops.nvfp4_gemm._backends_json())
+    build = _build_info()
+    backends = {"cpu": {"compiled_for": "cpu", "configs": ["decode+fp32 matmul"]}}
+    if build.get("with_cuda"):
+        backends["generic"] = {"compiled_for": ";".join(build.get("archs", [])), "configs": ["decode+cublas"]}
+    backends.update(json.loads(torch.ops.nvfp4_gemm._backends_json()))
     out = {
-        "build": _build_info(),
+        "build": build,
         "modules": ["_C", *_native["modules"]],
         "modules_failed_to_load": _native["failed"],
-        "backends": {"cpu": {"configs": ["reference"]}, **({"generic": {"configs": ["decode+cublas"]}} if torch.cuda.is_available() or _build_info().get("with_cuda") else {}), **backends},
+        "backends": backends,
         "forced_backend": os.environ.get("NVFP4_GEMM_BACKEND", "auto"),
         "forced_config": os.environ.get("NVFP4_GEMM_CONFIG"),
     }
