@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
-"$PY" -m pip install -q "${NVFP4_GEMM_TORCH:-torch==2.11.0}" "nvidia-cutlass==4.2.0.0" ninja pybind11 pytest
+"$PY" -m pip install -q "${NVFP4_GEMM_TORCH:-torch==2.11.0}" "nvidia-cutlass==4.2.0.0" ninja pybind11 pytest wheel
 start=$(date +%s)
 "$PY" -m pip install --no-build-isolation --no-deps -e .
 echo "[nvfp4_gemm install] built in $(( $(date +%s) - start )) s"
