@@ -63,16 +63,19 @@ TABLE = (
     # Decode and small batches. Unswapped, M <= 64 would fill at most half of the 128-row MMA; swapped,
     # the kernel's M is the weight's N (4096-7168 -> 32-56 tiles of 128 rows) and M sits on the MMA's N
     # side in one 64-wide tile (64 is the narrowest block-scaled N). 32-56 tiles cannot occupy 148 SMs,
-    # and the op is bound by streaming B (N*K/2 bytes), so stream-K splits K until every SM streams.
+    # and the op is bound by streaming B (N*K/2 bytes): CUTLASS's stream-K heuristic spreads the k-blocks
+    # of under-half-a-wave grids over all SMs (>= 8 k-blocks per unit); K <= 2048 gets split-K from
+    # Kernel::split_k instead. From N = 9472 up (74+ tiles) it runs data-parallel.
     # smem/stage: A 16 KB + B 8 KB + SF 4 KB -> ~7 stages deep; TMEM: 2 x 64 accumulator columns.
     Config(m_max=64, tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, two_sm=False, stream_k=True,
            swap_ab=True,
            why="M<=64: swap A/B (M on the MMA N side, 64 wide); stream-K fills 148 SMs with 32-56 tiles"),
     # M = 65..128, the GPU MODE shapes (128 x 4096..7168 x 2048..16384): one 128-row tile, 32-56 tiles
     # of 128x128. Stream-K over K: (128,7168,16384) = 56 tiles x 64 k-blocks -> 24.2 k-blocks per SM,
-    # (128,4096,7168) = 32 x 28 -> 6.1, (128,7168,2048) = 56 x 8 -> 3.0; all 148 SMs stream B, which is
-    # what bounds these shapes (SOL 8.99 / 2.35 / 1.33 us). smem/stage 16+16+4 KB -> 5-6 stages; TMEM
-    # 2 x 128 accumulator columns (double-buffered, so the fixup epilogue overlaps the next unit).
+    # (128,4096,7168) = 32 x 28 -> 6.1; (128,7168,2048) has only 8 k-blocks a tile, below the heuristic's
+    # floor, so Kernel::split_k halves K there (112 CTAs). Streaming B is what bounds these shapes
+    # (SOL 8.99 / 2.35 / 1.33 us). smem/stage 16+16+4 KB -> 5-6 stages; TMEM 2 x 128 accumulator columns
+    # (double-buffered, so the fixup epilogue overlaps the next unit).
     Config(m_max=128, tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, two_sm=False, stream_k=True,
            swap_ab=False,
            why="M<=128 (GPU MODE): 128x128 tiles, 32-56 of them; stream-K splits K over all SMs"),

@@ -91,8 +91,8 @@ struct Kernel {
 
   // CUTLASS's stream-K heuristic splits K when fewer than half the SMs get a tile, but never when a tile
   // has <= 8 k-blocks (K <= 2048). The GPU MODE shape (128, 7168, 2048) is exactly that: 56 tiles for
-  // 148 SMs. There, split K in two or more (each part keeps >= 4 k-blocks = 1024 of K) so that at least
-  // as many CTAs as SMs stream B; 1 leaves the decision to CUTLASS.
+  // 148 SMs. There, split K (each part keeps >= 4 k-blocks = 1024 of K; 56 -> 112 CTAs for that shape)
+  // so that most SMs stream B; 1 leaves the decision to CUTLASS.
   static int split_k(int64_t mk, int64_t nk, int64_t k, int sm_count) {
     const int64_t ctas = ceil_div(mk, TileM) * (TileM / 128) * ceil_div(nk, TileN);
     const int64_t k_blocks = ceil_div(k, 256);
