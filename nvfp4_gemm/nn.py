@@ -155,10 +155,10 @@ class NVFP4Linear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        torch._check(x.shape[-1] == self.in_features,
-                     lambda: f"NVFP4Linear: x.shape[-1] must be in_features = {self.in_features}, got {x.shape[-1]}")
-        torch._check(x.dtype in _OUT_DTYPES,
-                     lambda: f"NVFP4Linear: x must be float16, bfloat16 or float32, got {x.dtype}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"NVFP4Linear: x.shape[-1] must be in_features = {self.in_features}, got {x.shape[-1]}")
+        if x.dtype not in _OUT_DTYPES:
+            raise ValueError(f"NVFP4Linear: x must be float16, bfloat16 or float32, got {x.dtype}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.input_scale is not None:
@@ -168,9 +168,14 @@ class NVFP4Linear(nn.Module):
             x_encode = global_encode_scale(finite_amax(x2))
             x_decode = 1.0 / x_encode
         packed, sf = quantize(x2, x_encode)
-        out = mm(packed, self.weight, sf, self.weight_scale, alpha=x_decode * self.weight_scale_2, out_dtype=x.dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+        alpha = x_decode * self.weight_scale_2
+        if self.bias is None:
+            out = mm(packed, self.weight, sf, self.weight_scale, alpha=alpha, out_dtype=x.dtype)
+        else:
+            # The bias joins the fp32 result before the one rounding to x's dtype: more accurate than two
+            # roundings, and what torch.compile computes too (it drops intermediate low-precision casts).
+            out = mm(packed, self.weight, sf, self.weight_scale, alpha=alpha, out_dtype=torch.float32)
+            out = (out + self.bias.to(torch.float32)).to(x.dtype)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
