@@ -45,8 +45,8 @@ def inputs_for(m, n, k, seed=0):
     a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device="cuda", generator=g)
     b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
 
-    def sf(rows):
-        exp = torch.randint(1, 11, (rows, k // 16), device="cuda", generator=g)
+    def sf(rows):  # 2^-6 .. 2^1: fp16 outputs stay finite up to K = 16384
+        exp = torch.randint(1, 9, (rows, k // 16), device="cuda", generator=g)
         man = torch.randint(0, 8, (rows, k // 16), device="cuda", generator=g)
         return nvfp4_gemm.to_blocked(((exp << 3) | man).to(torch.uint8).view(torch.float8_e4m3fn))
 

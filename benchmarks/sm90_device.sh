@@ -23,9 +23,21 @@ for m, n, k in [(1, 8, 32), (128, 256, 1024), (300, 136, 544), (128, 7168, 2048)
     print("smoke", (m, n, k), "rel err", float((out - ref).abs().max() / ref.abs().max()), "nan", int(out.isnan().sum()))
 PY
     ;;
-    test) NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 300 python3 -m pytest -q -x tests 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
-    bench) timeout 240 python3 benchmarks/bench_sm90.py --out "$OUT" ${BENCH_ARGS} 2>&1 | tail -30 ;;
+    test) NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 200 python3 -m pytest -q -rs tests/test_sm90.py tests/test_mm.py > "$OUT/pytest.log" 2>&1; tail -4 "$OUT/pytest.log"
+          echo "== whole suite, NVFP4_GEMM_BACKEND=sm90 ==" >> "$OUT/pytest.log"
+          NVFP4_GEMM_BACKEND=sm90 timeout 150 python3 -m pytest -q -rs tests >> "$OUT/pytest.log" 2>&1; tail -6 "$OUT/pytest.log"
+          if grep -q "failed" "$OUT/pytest.log"; then echo "== sm90 tests with NVFP4_GEMM_SM90_SF_BULK=1 ==" | tee -a "$OUT/pytest.log"
+            NVFP4_GEMM_SM90_SF_BULK=1 NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 120 python3 -m pytest -q tests/test_sm90.py tests/test_mm.py >> "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"; fi ;;
+    bench) timeout 240 python3 benchmarks/bench_sm90.py --out "$OUT" ${BENCH_ARGS} > "$OUT/bench.log" 2>&1; tail -14 "$OUT/bench.log" ;;
+    profile) timeout 150 python3 benchmarks/sm90_profile.py auto ${PROFILE_SPLITS} 2>&1 | grep -v -i warn | tee "$OUT/profile.log" ;;
+    ncu) for shape in ${NCU_SHAPES:-128,7168,2048}; do echo "=== ncu $shape" >> "$OUT/profile.log"
+           NVFP4_GEMM_BACKEND=sm90 timeout 90 ncu --clock-control none -k regex:gemm_kernel -s 2 -c 1 --section SpeedOfLight \
+             --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+             python3 benchmarks/sm90_profile.py --once ${shape//,/ } >> "$OUT/profile.log" 2>&1; done
+         grep -E "=== ncu|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issued Warp|No Eligible|Warp Cycles Per Issued|Stall" "$OUT/profile.log" | head -40 ;;
     sanitize) for tool in memcheck racecheck; do
-        timeout 200 compute-sanitizer --tool $tool --print-limit 5 python3 benchmarks/sm90_sanitize_cases.py 2>&1 | tee "$OUT/sanitize_$tool.log" | tail -6; done ;;
+        echo "=== $tool" >> "$OUT/sanitize.log"
+        timeout 120 compute-sanitizer --tool $tool --print-limit 10 python3 benchmarks/sm90_sanitize_cases.py >> "$OUT/sanitize.log" 2>&1; echo "$tool rc=$?"; done
+        grep -E "===|ERROR SUMMARY|RACECHECK SUMMARY|sanitize cases ran" "$OUT/sanitize.log"; grep -A4 -m2 "Race reported" "$OUT/sanitize.log" ;;
   esac
 done

@@ -11,7 +11,11 @@ import nvfp4_gemm
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
 SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
           (512, 4096, 7168), (2304, 4608, 7168)]
-variants = sys.argv[1:] or ["auto"]
+if sys.argv[1:2] == ["--once"]:  # for ncu: python benchmarks/sm90_profile.py --once M N K (3 calls)
+    SHAPES = [tuple(int(x) for x in sys.argv[2:5])]
+    variants = ["once"]
+else:
+    variants = sys.argv[1:] or ["auto"]
 for m, n, k in SHAPES:
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device="cuda", generator=g)
@@ -20,8 +24,24 @@ for m, n, k in SHAPES:
     sfb = nvfp4_gemm.to_blocked(torch.full((n, k // 16), 0x30, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn))
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for v in variants:
-        if v == "auto":
+        if v == "once":
+            for _ in range(3):
+                nvfp4_gemm.mm(a, b, sfa, sfb)
+            torch.cuda.synchronize()
+            continue
+        os.environ.pop("NVFP4_GEMM_CONFIG", None)
+        if v.startswith("cfg="):  # a forced config: only on the small-M shapes it is meant for
+            if m > 16:
+                continue
+            os.environ["NVFP4_GEMM_CONFIG"] = v[4:]
+        os.environ.pop("NVFP4_GEMM_SM90_FOLD", None)
+        os.environ.pop("NVFP4_GEMM_SM90_L2HINT", None)
+        if v in ("auto", "nofold", "nohint") or v.startswith("cfg="):
             os.environ.pop("NVFP4_GEMM_SM90_SPLITS", None)
+            if v == "nofold":  # plain 2^-14 decode of both operands (mostly subnormal fp16)
+                os.environ["NVFP4_GEMM_SM90_FOLD"] = "0"
+            if v == "nohint":  # EVICT_NORMAL for every TMA load
+                os.environ["NVFP4_GEMM_SM90_L2HINT"] = "0"
         else:
             os.environ["NVFP4_GEMM_SM90_SPLITS"] = v
         for _ in range(3):

@@ -93,6 +93,15 @@ def test_forced_splits(monkeypatch, splits):
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
 
 
+@pytest.mark.parametrize("fold", ["0", "1"])
+def test_decode_folds(monkeypatch, fold):
+    """Both decode scalings (NVFP4_GEMM_SM90_FOLD): subnormal scales and large ones stay exact."""
+    monkeypatch.setenv("NVFP4_GEMM_SM90_FOLD", fold)
+    for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):
+        inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, scales=scales, seed=m)
+        _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
+
+
 def test_random_sweep():
     """>= 300 random shapes: M 1..4096, N % 8 == 0 up to 8192, K % 32 == 0 up to 16384, random scale
     ranges and output dtypes. Log-uniform sizes so both small and large tiles get many cases."""

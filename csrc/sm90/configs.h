@@ -3,33 +3,45 @@
 // (csrc/sm90/generated/, written by csrc/sm90/generate.py from the X-macro below) all come from it.
 //
 // Every config computes a 128-row slice of B (the weights: 2 consumer warpgroups x wgmma M = 64) against
-// a tile of TOKENS rows of A (wgmma N), K in stages of 128. What varies is the token tile (the wgmma N:
-// small M wastes no MMA work on padding rows, large M reuses each decoded B fragment over more tokens)
-// and the pipeline depth (as many stages as fit in 227 KB: the small-M configs are bandwidth-bound and
-// need bytes in flight). Split-K is chosen per problem at run time (plan.h), not per config.
+// a tile of TOKENS rows of A (wgmma N), K in stages of KT. What varies:
+//  - the token tile (the wgmma N): small M wastes no MMA work on padding rows, large M reuses each
+//    decoded B fragment over more tokens;
+//  - KT: 256 where B bandwidth rules (M <= 64): 128-byte B row segments per stage instead of 64 (v2 at
+//    KT = 128 read B at 1.2-1.5 TB/s, half the copy rate), and half the barrier round trips per byte;
+//    128 at 128 / 256 tokens, where decoded A (tokens x KT x 2 bytes) would leave room for 2 stages only;
+//  - the pipeline depth: as many stages as fit in 227 KB.
+// The grid (one CTA per tile, or a balanced split over whole waves) is chosen per problem at run time
+// (choose_grid in backend.cu), not per config.
 #pragma once
 
 #include <cstdint>
 
-// X(TOKENS, STAGES). Stage bytes = TOKENS * 256 (decoded A, fp16) + 8192 (packed B) + 1024 (scales).
+// X(TOKENS, KT, STAGES, CTAS_PER_SM). Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 64 * KT (packed B)
+// + 8 * KT (scales). The _b2 entries (two CTAs per SM, for M <= 16) are listed and can be forced; select()
+// takes them where the table in select() says so.
 #define NVFP4_SM90_CONFIGS(X) \
-  X(8, 16)                    \
-  X(16, 16)                   \
-  X(32, 12)                   \
-  X(64, 8)                    \
-  X(128, 5)                   \
-  X(256, 3)
+  X(8, 256, 10, 1)            \
+  X(16, 256, 8, 1)            \
+  X(32, 256, 6, 1)            \
+  X(64, 256, 4, 1)            \
+  X(128, 128, 5, 1)           \
+  X(256, 128, 3, 1)           \
+  X(8, 256, 4, 2)             \
+  X(8, 128, 8, 2)             \
+  X(16, 256, 4, 2)
 
 namespace nvfp4_gemm::sm90 {
 
 struct KernelConfig {
   const char* name;
   int tokens;  // wgmma N: rows of A per CTA tile
+  int kt;      // K per pipeline stage
   int stages;  // TMA pipeline depth
+  int ctas_per_sm;
 };
 
-#define NVFP4_SM90_NAME(T, S) "sm90_nvfp4_w128xt" #T "xk128_s" #S "_ws_rs"
-#define NVFP4_SM90_ENTRY(T, S) KernelConfig{NVFP4_SM90_NAME(T, S), T, S},
+#define NVFP4_SM90_NAME(T, KT, S, B) "sm90_nvfp4_w128xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
+#define NVFP4_SM90_ENTRY(T, KT, S, B) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B), T, KT, S, B},
 inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)};
 #undef NVFP4_SM90_ENTRY
 inline constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);

@@ -7,15 +7,20 @@
 // after decode.
 //
 // Numerics (exact up to fp32 accumulation):
-//  - A_dec = e2m1(A) * e4m3(sfa) in fp16, exact (|value| <= 6 * 448 = 2688).
-//  - B is decoded to e2m1(B) * e4m3(sfb) * 2^-14 in fp16: the nibble's three magnitude bits land on fp16
-//    exponent/mantissa bits 11..9, which reads as value * 2^-14 (code 1 = 0.5 becomes the subnormal
-//    2^-15), then one HMUL2 by the scale. Every product is a multiple of 2^-24 with at most 6
-//    significant bits, so it is exact in fp16; the 2^-14 is a power of two, so the fp32 sums round exactly
-//    as the unscaled ones would, and the epilogue multiplies it back out.
+//  - Both operands are decoded to e2m1 * e4m3 * 2^-14 in fp16 (decode_word): the nibble's three
+//    magnitude bits land on fp16 exponent/mantissa bits 11..9, which reads as value * 2^-14 (code 1 = 0.5
+//    becomes the subnormal 2^-15), then one HMUL2 by the scale. Every such product is a multiple of 2^-24
+//    with at most 6 significant bits and at most 6 * 448 * 2^-14 = 0.164, so it is exact in fp16. The
+//    products of two are >= 2^-48, far above fp32's normal range, so the fp32 sums round exactly as the
+//    unscaled ones would; the epilogue multiplies the power of two back out together with alpha.
+//    By default a power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since
+//    448 * 2^7 < 65504; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most decoded values
+//    are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most values are
+//    subnormal; NVFP4_GEMM_SM90_FOLD=0 selects that one.
 //  - K order inside each 64-wide K block is permuted (the same way for A and B; a sum does not care):
 //    each thread owns a whole 16-element scale group of its B row, so it loads 8 bytes and one scale
-//    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below).
+//    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below, and
+//    decode_a_kernel, which builds it from the same decode_word outputs).
 #pragma once
 
 #include <cuda.h>
@@ -38,14 +43,16 @@
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
-inline constexpr int kTileK = 128;   // K per pipeline stage (two 64-K blocks)
 inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
-inline constexpr int kStageBBytes = kTileW * kTileK / 2;    // 8 KB packed B, SW64 by TMA
-inline constexpr int kStageSfBytes = 2 * kSfAtomBytes;        // two 128x4 scale atoms = 1 KB
-inline constexpr float kBScaleBack = 16384.0f;                // undoes the 2^-14 of the B decode
 
-constexpr int stage_bytes(int tokens) { return tokens * kTileK * 2 + kStageBBytes + kStageSfBytes; }
-constexpr int smem_bytes(int tokens, int stages) { return stages * stage_bytes(tokens) + 2 * stages * 8 + 1024; }
+// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
+// for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
+constexpr int stage_a_bytes(int tokens, int kt) { return tokens * kt * 2; }
+constexpr int stage_b_bytes(int kt) { return kTileW * kt / 2; }
+constexpr int stage_bytes(int tokens, int kt) {
+  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt) + (kt / 64) * kSfAtomBytes;
+}
+constexpr int smem_bytes(int tokens, int kt, int stages) { return stages * stage_bytes(tokens, kt) + 2 * stages * 8 + 1024; }
 
 // Logical K offset (0..63) inside a 64-K block of the element that wgmma step s (0..3) reads at
 // column j (0..15). Thread quad lane q holds scale group q; its two fp16x2 registers per row hold group
@@ -56,18 +63,37 @@ __host__ __device__ constexpr int permuted_k(int s, int j) {
 
 struct GemmParams {
   CUtensorMap tmap_a;     // A_dec [rows][kp] fp16, box {64, TOKENS}, SWIZZLE_128B
-  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {64, 128}, SWIZZLE_64B
+  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
+  CUtensorMap tmap_sf;    // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
   const uint8_t* sfb;     // blocked scales of B
   const float* alpha;     // nullptr: 1
   void* c;                // output rows of this M chunk
-  float* partial;         // split-K partial sums (splits > 1), else nullptr
+  float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid > tiles
+  uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
   int64_t ldc;
   int m, n, k;
   int sf_atoms_per_row;   // ceil(K/16 / 4)
   int ktiles;             // ceil(K / 128)
-  int splits;
+  int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
+  int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
+  int64_t total;          // tiles * ktiles
+  uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
+  uint32_t b_fold;        // fp16x2 power of two folded into B's scales (see numerics above)
+  int sf_bulk;            // 1: scales by cp.async.bulk (compute-sanitizer racecheck misreads it), 0: by TMA
+  float out_mult;         // 2^28 / (A's and B's folds): what the epilogue multiplies back
   OutDtype out_dtype;
 };
+
+// Balanced split ("stream-K" without waiting): the tiles x ktiles units are cut into `grid` equal
+// contiguous ranges. A tile whose units span several CTAs is summed by whichever of them arrives last,
+// reading the others' partials in CTA order, so the result is the same whatever the timing. grid >= tiles,
+// so a range touches at most two tiles.
+__host__ __device__ __forceinline__ int64_t range_start(int64_t c, int64_t total, int64_t grid) {
+  return c * total / grid;
+}
+__host__ __device__ __forceinline__ int64_t cta_of_unit(int64_t u, int64_t total, int64_t grid) {
+  return ((u + 1) * grid - 1) / total;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // FP4 decode: 8 packed e2m1 (one 32-bit word) -> four fp16x2 holding value * 2^-14. Output r holds
@@ -129,9 +155,9 @@ __device__ __forceinline__ __nv_bfloat16 convert_out<__nv_bfloat16>(float v) { r
 template <>
 __device__ __forceinline__ float convert_out<float>(float v) { return v; }
 
-// Output scale: the 2^14 of the B decode, times alpha. Both factors in one fp32 multiply: 2^14 is exact.
-__device__ __forceinline__ float out_scale(const float* alpha) {
-  return alpha ? kBScaleBack * __ldg(alpha) : kBScaleBack;
+// Output scale: the power of two the decodes left in the sums (GemmParams::out_mult), times alpha.
+__device__ __forceinline__ float out_scale(const float* alpha, float out_mult) {
+  return alpha ? out_mult * __ldg(alpha) : out_mult;
 }
 
 template <typename T>
@@ -164,12 +190,24 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The main kernel. grid = (ceil(n / 128), ceil(m / TOKENS), splits).
-template <int TOKENS, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(smem_bytes(TOKENS, STAGES) <= 232448, "pipeline does not fit in 227 KB of shared memory");
+// The main kernel. grid = params.grid CTAs of 384 threads: warpgroup 0 produces (one thread issues TMA),
+// warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
+// CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
+// decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
+__global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
+                "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
+  static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
+  static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
+  constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
   constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
-  constexpr int kStage = stage_bytes(TOKENS);
+  constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
+  constexpr int kSfOff = kBOff + stage_b_bytes(KT);
+  constexpr int kStage = stage_bytes(TOKENS, KT);
+  // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
+  // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
+  constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
@@ -177,12 +215,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + STAGES * kStage);
   uint64_t* empty_bar = full_bar + STAGES;
+  __shared__ int last_flag;
 
   const int wg = threadIdx.x / 128;
-  const int tile_w = blockIdx.x, tile_t = blockIdx.y, split = blockIdx.z;
-  const int kt_begin = static_cast<int>(static_cast<int64_t>(split) * p.ktiles / p.splits);
-  const int kt_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.ktiles / p.splits);
-  const int num_kt = kt_end - kt_begin;
+  const int cta = blockIdx.x;
+  const int u_begin = static_cast<int>(range_start(cta, p.total, p.grid));
+  const int u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -194,62 +232,88 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   __syncthreads();
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x == 0 && num_kt > 0) {
+    if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0 && u_end > u_begin) {
       cute::prefetch_tma_descriptor(&p.tmap_a);
       cute::prefetch_tma_descriptor(&p.tmap_b);
-      const uint8_t* sf_tile = p.sfb + static_cast<int64_t>(tile_w) * p.sf_atoms_per_row * kSfAtomBytes;
-      for (int i = 0; i < num_kt; ++i) {
-        const int s = i % STAGES;
-        const int kt = kt_begin + i;
-        if (i >= STAGES) EmptyBarrier::wait(&empty_bar[s], ((i / STAGES) - 1) & 1);
-        const int sf_atoms = min(2, p.sf_atoms_per_row - 2 * kt);
+      cute::prefetch_tma_descriptor(&p.tmap_sf);
+      // Loads of B and its scales come from the caller's buffers, ready before this grid started; decoded
+      // A comes from the prepass, which this grid may overlap (programmatic dependent launch). So the
+      // first stages get their B loads, then the producer waits for the prepass, then issues their A.
+      auto load_b = [&](int u, int s) {
+        const int tile = u / p.ktiles, kt = u % p.ktiles;
+        const int tile_w = tile % p.tiles_w;
+        // The scale box always spans kNB atoms; past K's end it holds the next row block's atoms (or TMA's
+        // zero fill after the last), which are never read: their blocks are skipped.
+        const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
         uint8_t* st = smem + s * kStage;
-        Barrier::arrive_and_expect_tx(&full_bar[s], 2 * kABytes + kStageBBytes + sf_atoms * kSfAtomBytes);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st, kt * kTileK, tile_t * TOKENS);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + kABytes, kt * kTileK + 64, tile_t * TOKENS);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], 0, st + 2 * kABytes, kt * (kTileK / 2), tile_w * kTileW);
-        cute::SM90_BULK_COPY_G2S::copy(sf_tile + 2 * kt * kSfAtomBytes, &full_bar[s], st + 2 * kABytes + kStageBBytes,
-                                       sf_atoms * kSfAtomBytes);
+        if (p.sf_bulk) {  // v3 path, kept selectable: a plain bulk copy of the atoms that exist
+          const int sf_atoms = min(kNB, p.sf_atoms_per_row - kNB * kt);
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + sf_atoms * kSfAtomBytes);
+          cute::SM90_BULK_COPY_G2S::copy(
+              p.sfb + (static_cast<int64_t>(tile_w) * p.sf_atoms_per_row + kNB * kt) * kSfAtomBytes, &full_bar[s],
+              st + kSfOff, sf_atoms * kSfAtomBytes);
+        } else {
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
+        }
+        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
+      };
+      auto load_a = [&](int u, int s) {
+        const int tile = u / p.ktiles, kt = u % p.ktiles;
+        const int tile_t = tile / p.tiles_w;
+        const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
+        uint8_t* st = smem + s * kStage;
+        for (int b = 0; b < a_blocks; ++b)
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], p.hint_a, st + b * kABytes, kt * KT + 64 * b, tile_t * TOKENS);
+      };
+      const int pre = min(STAGES, u_end - u_begin);
+      for (int x = 0; x < pre; ++x) load_b(u_begin + x, x);
+      cudaGridDependencySynchronize();
+      for (int x = 0; x < pre; ++x) load_a(u_begin + x, x);
+      int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
+      for (int u = u_begin + pre; u < u_end; ++u) {
+        EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
+        load_b(u, s);
+        load_a(u, s);
+        if (++s == STAGES) s = 0, phase ^= 1;
       }
     }
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<232>();
+  cudaGridDependencySynchronize();  // the split counters are zeroed by the prepass
   const int t = threadIdx.x - 128;        // 0..255 over both consumer warpgroups
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int row0 = (t / 32) * 16 + g;      // CTA-local B row; row0 + 8 is the other
   const int row1 = row0 + 8;
-  // Packed-B byte offsets inside a stage for this thread's 8-byte group, undoing TMA's 64B swizzle
-  // (16-byte chunk index XOR address bits 7..8).
-  uint32_t boff[2][2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    boff[j][0] = 2 * kABytes + row0 * 64 + ((((j * 2 + q / 2) ^ ((row0 >> 1) & 3))) << 4) + (q & 1) * 8;
-    boff[j][1] = 2 * kABytes + row1 * 64 + ((((j * 2 + q / 2) ^ ((row1 >> 1) & 3))) << 4) + (q & 1) * 8;
-  }
-  const uint32_t sfoff0 = 2 * kABytes + kStageBBytes + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
-  const uint32_t sfoff1 = 2 * kABytes + kStageBBytes + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
+  // Packed-B byte offsets inside a stage for this thread's 8-byte group, undoing TMA's swizzle: the
+  // 16-byte chunk index XORs with address bits 7..8 (SW64, 64-byte rows) or 7..9 (SW128, 128-byte rows).
+  const uint32_t brow0 = kBOff + row0 * (KT / 2) + (q & 1) * 8, brow1 = kBOff + row1 * (KT / 2) + (q & 1) * 8;
+  const int bx0 = (KT == 128 ? ((row0 >> 1) & 3) : (row0 & 7)) ^ (q / 2);
+  const int bx1 = (KT == 128 ? ((row1 >> 1) & 3) : (row1 & 7)) ^ (q / 2);
+  const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
+  const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
+  const __half2 b_fold = *reinterpret_cast<const __half2*>(&p.b_fold);
 
-  float acc[TOKENS / 2];
-#pragma unroll
-  for (int i = 0; i < TOKENS / 2; ++i) acc[i] = 0.0f;
-
+  float acc[kAcc][TOKENS / 2];
   uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
 
   // Decodes 64-K block j of stage s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
-  // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15.
+  // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
   auto decode = [&](uint32_t(&fr)[16], int s, int j) {
     const uint8_t* st = smem + s * kStage;
-    const uint2 w0 = *reinterpret_cast<const uint2*>(st + boff[j][0]);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(st + boff[j][1]);
+    // 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2) of the row, XORed with the swizzle bits; bx holds both.
+    const uint2 w0 = *reinterpret_cast<const uint2*>(st + brow0 + (((2 * j) ^ bx0) << 4));
+    const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
     const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
                         static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(sc, __NV_E4M3);
-    const __half2 s2 = *reinterpret_cast<const __half2*>(&sr);
+    const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), b_fold);
     const __half2 s0 = __low2half2(s2), s1 = __high2half2(s2);
     fr[0] = hmul2_u32(decode_word<0>(w0.x), s0);
     fr[1] = hmul2_u32(decode_word<1>(w0.x), s0);
@@ -268,128 +332,167 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     fr[14] = hmul2_u32(decode_word<2>(w1.y), s1);
     fr[15] = hmul2_u32(decode_word<3>(w1.y), s1);
   };
+  auto fence_acc = [&]() {
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+      for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[a][i]);
+  };
   auto issue = [&](uint32_t(&fr)[16], int s, int j) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) cute::warpgroup_fence_operand(fr[i]);
-#pragma unroll
-    for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+    fence_acc();
     cute::warpgroup_arrive();
     const uint64_t desc = sw128_desc(smem_base + s * kStage + j * kABytes);
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const uint32_t a[4] = {fr[step], fr[4 + step], fr[8 + step], fr[12 + step]};
-      wgmma_call<TOKENS>(a, desc + 2 * step, acc, std::make_index_sequence<TOKENS / 2>{});
+      wgmma_call<TOKENS>(a, desc + 2 * step, acc[step % kAcc], std::make_index_sequence<TOKENS / 2>{});
     }
     cute::warpgroup_commit_batch();
-#pragma unroll
-    for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+    fence_acc();
   };
   auto release = [&](int s) {
     __syncwarp();
     if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
   };
 
-  if (num_kt > 0) {
-    Barrier::wait(&full_bar[0], 0);
-    decode(fr0, 0, 0);
-    for (int i = 0; i < num_kt; ++i) {
-      const int s = i % STAGES;
-      const int kt = kt_begin + i;
-      const bool two_blocks = (kt * kTileK + 64) < p.k;
-      issue(fr0, s, 0);
-      cute::warpgroup_wait<1>();
+  const float scale = out_scale(p.alpha, p.out_mult);
+  int i = 0;  // pipeline position, continuous over this CTA's segments
+  int seg = 0;
+  for (int u = u_begin; u < u_end; ++seg) {
+    const int tile = u / p.ktiles;
+    const int kt0 = u % p.ktiles;
+    const int n_kt = min(p.ktiles - kt0, u_end - u);
 #pragma unroll
-      for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(fr1[x]);
-      if (i > 0) release((i - 1) % STAGES);
-      if (two_blocks) {
-        decode(fr1, s, 1);
-        issue(fr1, s, 1);
-        cute::warpgroup_wait<1>();
-      }
+    for (int a = 0; a < kAcc; ++a)
 #pragma unroll
-      for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(fr0[x]);
-      if (i + 1 < num_kt) {
-        const int s1 = (i + 1) % STAGES;
-        Barrier::wait(&full_bar[s1], ((i + 1) / STAGES) & 1);
-        decode(fr0, s1, 0);
+      for (int x = 0; x < TOKENS / 2; ++x) acc[a][x] = 0.0f;
+
+    int s = i % STAGES, phase = (i / STAGES) & 1;
+    Barrier::wait(&full_bar[s], phase);
+    decode(fr0, s, 0);
+    for (int j = 0; j < n_kt; ++j) {
+      // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB).
+      const int nblk = min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
+      const int s_next = s + 1 == STAGES ? 0 : s + 1;
+      const int phase_next = s + 1 == STAGES ? phase ^ 1 : phase;
+#pragma unroll
+      for (int blk = 0; blk < kNB; ++blk) {
+        if (blk < nblk) {
+          uint32_t(&cur)[16] = (blk % 2 == 0) ? fr0 : fr1;
+          uint32_t(&nxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
+          issue(cur, s, blk);
+          cute::warpgroup_wait<1>();  // block blk - 1 is done: its registers and (blk 0) its stage are free
+#pragma unroll
+          for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
+          if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
+          if (blk + 1 < nblk) {
+            decode(nxt, s, blk + 1);
+          } else if (j + 1 < n_kt) {
+            Barrier::wait(&full_bar[s_next], phase_next);
+            decode(nxt, s_next, 0);
+          }
+        }
       }
+      s = s_next;
+      phase = phase_next;
     }
     cute::warpgroup_wait<0>();
-  }
+    fence_acc();
+    release(s == 0 ? STAGES - 1 : s - 1);
+    i += n_kt;
+    u += n_kt;
 #pragma unroll
-  for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+    for (int a = 1; a < kAcc; ++a)
+#pragma unroll
+      for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
 
-  const int tiles_w = gridDim.x;
-  if (p.splits > 1) {
-    // Partial sums in accumulator order: [split][tile][quad j][thread] float4, coalesced; the reduce
-    // kernel adds splits in index order, so the result does not depend on timing.
-    const int64_t tile = static_cast<int64_t>(tile_t) * tiles_w + tile_w;
-    const int64_t tiles = static_cast<int64_t>(tiles_w) * gridDim.y;
-    float4* out = reinterpret_cast<float4*>(p.partial) + ((split * tiles + tile) * (TOKENS / 8)) * 256 + t;
+    const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
+    const int n0 = tile_w * kTileW + row0;
+    if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
 #pragma unroll
-    for (int j = 0; j < TOKENS / 8; ++j)
-      out[j * 256] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-    return;
-  }
-  const float scale = out_scale(p.alpha);
-  const int n0 = tile_w * kTileW + row0;
+      for (int x = 0; x < TOKENS / 8; ++x)
+        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q,
+                   make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]), scale);
+      continue;
+    }
+    // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals.
+    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + seg) * (TOKENS / 8) * 256 + t;
 #pragma unroll
-  for (int j = 0; j < TOKENS / 8; ++j) {
-    const int m0 = tile_t * TOKENS + 8 * j + 2 * q;
-    store_quad(p, n0, m0, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]), scale);
+    for (int x = 0; x < TOKENS / 8; ++x)
+      __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
+    __threadfence();
+    cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+    const int64_t first_u = static_cast<int64_t>(tile) * p.ktiles;
+    const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
+    const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
+    if (t == 0) last_flag = atomicAdd(&p.counters[tile], 1u) == static_cast<uint32_t>(c_last - c_first);
+    cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+    if (!last_flag) continue;
+    __threadfence();
+    // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
+    // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
+    // frees the accumulators for the loads.
+    const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
+    // CTA c_first holds the tile's first units in its second slot unless its range starts inside the
+    // tile (then its first); every later CTA of the tile starts inside it, so uses its first slot.
+    const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 +
+                                      (tile - static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles))) *
+                                         (TOKENS / 8) * 256 + t;
+    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
+#pragma unroll
+    for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
+      float4 sum[kChunk];
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x) sum[x] = __ldcg(src0 + (x0 + x) * 256);
+      for (int c = c_first + 1; c <= c_last; ++c) {
+        const float4* src = p.partial + static_cast<int64_t>(c) * slot_stride + t;
+        float4 v[kChunk];
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) v[x] = __ldcg(src + (x0 + x) * 256);
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) {
+          sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x) store_quad(p, n0, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
+    }
   }
 }
 
-// Sums split-K partials in split order and writes C. One thread per (tile, quad j, consumer thread).
-template <int TOKENS>
-__global__ void __launch_bounds__(256) splitk_reduce_kernel(const __grid_constant__ GemmParams p, int tiles_w,
-                                                             int tiles) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  const int64_t per_tile = (TOKENS / 8) * 256;
-  if (idx >= tiles * per_tile) return;
-  const int tile = static_cast<int>(idx / per_tile);
-  const int j = static_cast<int>((idx % per_tile) / 256);
-  const int t = static_cast<int>(idx % 256);
-  const float4* src = reinterpret_cast<const float4*>(p.partial) + idx;
-  float4 v = src[0];
-  for (int s = 1; s < p.splits; ++s) {
-    const float4 w = src[static_cast<int64_t>(s) * tiles * per_tile];
-    v.x += w.x; v.y += w.y; v.z += w.z; v.w += w.w;
-  }
-  const int lane = t % 32, g = lane / 4, q = lane % 4;
-  const int row0 = (t / 32) * 16 + g;
-  const int tile_w = tile % tiles_w, tile_t = tile / tiles_w;
-  store_quad(p, tile_w * kTileW + row0, tile_t * TOKENS + 8 * j + 2 * q, v, out_scale(p.alpha));
-}
-
-// ---------------------------------------------------------------------------------------------------
-// A prepass: A_dec[r][kb*64 + s*16 + j] = e2m1(A[r][kb*64 + permuted_k(s, j)]) * sfa, fp16, zero past K.
-// One thread per (row, 64-K block): 32 packed bytes and one 4-byte scale word in, 128 bytes out.
+// The A prepass (backend.cu): A_dec [rows][kp] fp16 in the order the B fragments use; zeroes `counters`.
 __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict__ a, int64_t lda,
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,
                                                        int k, int sf_atoms_per_row, __half* __restrict__ out,
-                                                       int kp);
+                                                       int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
+                                                       uint32_t a_post);
 
 struct LaunchArgs {
   GemmParams params;
-  int tiles_w, tiles_t;
   cudaStream_t stream;
 };
 
-template <int TOKENS, int STAGES>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
 cudaError_t launch_gemm(const LaunchArgs& args) {
-  constexpr int smem = smem_bytes(TOKENS, STAGES);
-  cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
+  cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(args.tiles_w, args.tiles_t, args.params.splits);
-  gemm_kernel<TOKENS, STAGES><<<grid, kThreads, smem, args.stream>>>(args.params);
-  if (args.params.splits > 1) {
-    const int tiles = args.tiles_w * args.tiles_t;
-    const int64_t threads = static_cast<int64_t>(tiles) * (TOKENS / 8) * 256;
-    splitk_reduce_kernel<TOKENS><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, args.stream>>>(
-        args.params, args.tiles_w, tiles);
-  }
-  return cudaGetLastError();
+  // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
+  // so barrier setup, descriptor prefetch and the first B loads overlap it.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(args.params.grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = args.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>, args.params);
 }
 
 }  // namespace nvfp4_gemm::sm90
