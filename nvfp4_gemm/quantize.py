@@ -7,7 +7,7 @@ The recipe (NVIDIA Model Optimizer's and torchao's two-level NVFP4), per 16-elem
     s8    = e4m3_rn_sat(s)                   round to nearest even; >= 448 or inf -> 448; NaN -> NaN (0x7F)
     inv   = fl(gs / float(s8)) if s8 > 0 else 0
     q_i   = fl(|x_i| * inv)                  reciprocal-multiply (torchao's nvfp4_quantize does the same)
-    code  = sign(x_i) | e2m1_rne(q_i)        ties to even, saturating at 6; NaN -> magnitude 0
+    code  = sign(x_i) | e2m1_rne(q_i)        ties to even, saturating at 6 (inf and NaN too)
 
 and a value decodes as e2m1(code) * float(s8) / gs. Conventions:
   * global_scale is the ENCODE scale, gs = 448 * 6 / amax(x) for the usual per-tensor amax
@@ -17,8 +17,8 @@ and a value decodes as e2m1(code) * float(s8) / gs. Conventions:
   * All-zero blocks (and blocks whose scale rounds to 0) get scale 0 and codes +-0 (the sign of x is kept:
   -0.0 and tiny negatives give code 8). torchao instead clamps the block scale up to 2^-6; see
   docs/QUANTIZE.md for that difference.
-  * NaN in a block makes its scale NaN (0x7F) and every code of the block +-0: mm then gives NaN exactly in
-  the outputs that use that block (SPEC.md). +-inf saturates: scale 448, the inf element +-6, so it decodes
+  * NaN in a block makes its scale NaN (0x7F), the NaN elements' codes +-6 and the rest of the block +-0:
+  mm then gives NaN exactly in the outputs that use that block (SPEC.md). +-inf saturates: scale 448, the inf element +-6, so it decodes
   to +-2688 / gs and the rest of its block to (almost always) +-0. No input crashes.
   * global_scale may be a Python float or a one-element float32 tensor on x's device (read there: no host
   sync, CUDA-graph safe). It must be positive and finite for the output to mean anything.
@@ -108,6 +108,7 @@ def reference_quantize(x: torch.Tensor, global_scale: torch.Tensor | float | Non
     mag = torch.zeros_like(q, dtype=torch.uint8)
     for mid, tie_up in _MIDPOINTS:
         mag += (q >= mid if tie_up else q > mid).to(torch.uint8)
+    mag = torch.where(torch.isnan(q), torch.full_like(mag, 7), mag)
     codes = (neg << 3) | mag
     codes = codes.reshape(rows, k)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)

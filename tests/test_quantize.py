@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 
 import pytest
 import torch
@@ -130,11 +131,53 @@ def test_rounding_ties_to_even_and_saturation():
     assert (unpack_e2m1(packed) == 7).all()
 
 
+def test_e2m1_rounding_near_every_midpoint():
+    """Each e2m1 midpoint m (and 0, 6, inf) and its neighbours up to 4 ulps away, through blocks whose
+    amax is 6 with gs 1 (scale 1.0, so q = |x| exactly), against the nearest-even definition."""
+    centers = torch.tensor([0.0, 0.25, 0.75, 1.0, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
+    bits = centers.view(torch.int32).unsqueeze(1) + torch.arange(-4, 5, dtype=torch.int32)
+    q = bits.clamp(min=0).view(torch.float32).flatten()
+    q = q[q <= 6.0]
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    dist = (q.double().unsqueeze(1) - grid.double()).abs()
+    best = dist.min(1, keepdim=True).values
+    cand = dist == best  # one or two (a tie) nearest values; a tie takes the even code
+    lower = cand.int().argmax(1)  # the first nearest code; of a tied pair, the even one wins
+    want = torch.where((cand.sum(1) == 2) & (lower % 2 == 1), lower + 1, lower)
+    n = q.numel()
+    pad = (-n) % 15
+    vals = torch.cat([q, torch.zeros(pad)]).view(-1, 15)
+    x = torch.cat([torch.full((vals.shape[0], 1), 6.0), vals], 1).view(1, -1)
+    for impl in (nvfp4_gemm.quantize, nvfp4_gemm.reference_quantize):
+        packed, _ = impl(x)
+        got = unpack_e2m1(packed).view(-1, 16)[:, 1:].flatten()[:n]
+        assert torch.equal(got, want.to(torch.uint8)), (impl.__name__, q[got != want], got[got != want])
+
+
+def test_e2m1_rounding_exhaustive_host():
+    """recipe.h's bit-trick e2m1 rounding against the midpoint definition for all 2^31 non-negative fp32
+    bit patterns (a ~15 s host program)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH to build tests/quant_host/e2m1_exhaustive.cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "e2m1_exhaustive")
+        subprocess.run([cxx, "-O2", "-std=c++17", "-I", os.path.join(here, "..", "csrc"),
+                        os.path.join(here, "quant_host", "e2m1_exhaustive.cpp"), "-o", exe], check=True)
+        run = subprocess.run([exe], capture_output=True, text=True)
+    assert run.returncode == 0 and "mismatches=0" in run.stdout, run.stdout + run.stderr
+
+
 def test_corner_cases_zero_nan_inf_subnormal():
     x = torch.randn(3, 64)
     x[0, :16] = 0.0                 # an all-zero block
     x[0, 16:32] = -0.0              # negative zeros keep their sign: code 8
-    x[1, 20] = math.nan             # NaN: its block's scale is NaN, the block's codes +-0, nothing else moves
+    x[1, 20] = math.nan             # NaN: its block's scale is NaN, the NaN's code +-6, the rest +-0; nothing else moves
     x[2, 33] = -math.inf            # inf: scale saturates, the inf element becomes -6
     x[2, 48:64] = torch.linspace(-0.03, 0.03, 16)  # small: amax / 6 = 2^-8, a subnormal e4m3 scale with gs 1
     for impl in (nvfp4_gemm.quantize, nvfp4_gemm.reference_quantize):
@@ -143,7 +186,7 @@ def test_corner_cases_zero_nan_inf_subnormal():
         codes = unpack_e2m1(packed)
         assert s[0, 0] == 0 and (codes[0, :16] == 0).all()
         assert s[0, 1] == 0 and (codes[0, 16:32] == 8).all()
-        assert s[1, 1] == 0x7F and ((codes[1, 16:32] & 7) == 0).all()
+        assert s[1, 1] == 0x7F and codes[1, 20] & 7 == 7 and ((codes[1, 16:32] & 7) == 0).sum() == 15
         assert (s[1, [0, 2, 3]] != 0x7F).all(), "NaN must stay in its own block"
         assert s[2, 2] == 0x7E and codes[2, 33] == 15
         assert 0 < s[2, 3] < 0x08, f"expected a subnormal e4m3 scale, got {int(s[2, 3]):#x}"

@@ -1,14 +1,17 @@
 // NVFP4 quantization for any SM >= 8.0: one pass over x, writing packed e2m1 data and the blocked e4m3
 // scales (padding included) directly. The arithmetic is recipe.h's, shared with the CPU backend.
 //
-// Mapping: every thread owns one 16-byte chunk of a row (8 bf16/fp16 or 4 fp32 elements), so a warp
-// reads 512 contiguous bytes; the G = 2 or 4 threads of one 16-element block combine their amax with
-// shuffles and each writes its own packed bytes (a warp writes 128 or 64 contiguous bytes). The
-// threads of the padded scale columns / rows take part in the shuffles and write the zero padding.
-// Each thread handles kItems chunks half a grid apart, issuing all loads before any math, to keep more
-// bytes in flight per SM than one 16-byte load per thread would.
+// Mapping: one thread per 16-element block (one e4m3 scale): 2 (bf16 / fp16) or 4 (fp32) 16-byte loads,
+// one 8-byte store of packed codes (a warp stores 256 contiguous bytes), one scale byte. A warp's loads
+// cover 1 or 2 KiB of contiguous row; each load instruction uses half of every 32-byte sector it touches
+// and the next one the other half, from L1, so DRAM sees each byte once. The alternative, 2 or 4 threads
+// per block combining their amax with shuffles, compiled to ~35 instructions per element against a
+// budget near 35 at 80% of H100 copy bandwidth: the per-block work (e4m3 rounding, the divide, the
+// blocked offset) was done 2-4 times. Threads of the padded scale rows / columns write the zero padding.
+// Each thread handles kItems blocks half a grid apart, issuing all loads before any math.
 #include "quant/quantize.h"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -26,93 +29,95 @@ struct Elem;
 template <>
 struct Elem<InDtype::kFloat32> {
   static constexpr int kBytes = 4;
-  __device__ static uint32_t bits(const uint4& v, int i) { return (&v.x)[i]; }
-  __device__ static uint32_t sign(const uint4& v, int i) { return (&v.x)[i] >> 31; }
+  __device__ static uint32_t word(const uint4* v, int i) { return (&v[i / 4].x)[i % 4]; }
+  __device__ static uint32_t bits(const uint4* v, int i) { return word(v, i); }
+  __device__ static uint32_t sign(const uint4* v, int i) { return word(v, i) >> 31; }
 };
 template <>
 struct Elem<InDtype::kBFloat16> {
   static constexpr int kBytes = 2;
-  __device__ static uint32_t bits(const uint4& v, int i) {
-    return bf16_to_f32_bits(static_cast<uint16_t>((&v.x)[i / 2] >> (16 * (i % 2))));
-  }
-  __device__ static uint32_t sign(const uint4& v, int i) { return ((&v.x)[i / 2] >> (16 * (i % 2) + 15)) & 1u; }
+  __device__ static uint32_t half(const uint4* v, int i) { return ((&v[i / 8].x)[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu; }
+  __device__ static uint32_t bits(const uint4* v, int i) { return bf16_to_f32_bits(static_cast<uint16_t>(half(v, i))); }
+  __device__ static uint32_t sign(const uint4* v, int i) { return half(v, i) >> 15; }
 };
 template <>
 struct Elem<InDtype::kFloat16> {
   static constexpr int kBytes = 2;
-  __device__ static uint32_t bits(const uint4& v, int i) {
-    return f16_to_f32_bits(static_cast<uint16_t>((&v.x)[i / 2] >> (16 * (i % 2))));
+  __device__ static uint32_t half(const uint4* v, int i) { return ((&v[i / 8].x)[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu; }
+  // The hardware conversion (exact; the host uses recipe.h's bit version): only a NaN's payload can
+  // differ, and nothing in the recipe depends on it.
+  __device__ static uint32_t bits(const uint4* v, int i) {
+    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(half(v, i)))));
   }
-  __device__ static uint32_t sign(const uint4& v, int i) { return ((&v.x)[i / 2] >> (16 * (i % 2) + 15)) & 1u; }
+  __device__ static uint32_t sign(const uint4* v, int i) { return half(v, i) >> 15; }
 };
 
-template <InDtype D>
+// Index: uint32_t whenever the block count fits, since a 64-bit division (block -> row) is a
+// ~70-instruction software routine; uint64_t otherwise.
+template <InDtype D, typename Index>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
-                                                            int64_t rows, int64_t k, int64_t half_items,
+                                                            int64_t rows, int64_t k, Index half_items,
                                                             const float* __restrict__ global_scale,
                                                             uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
-  constexpr int kV = 16 / Elem<D>::kBytes;  // elements per thread
-  constexpr int kG = kSfVecSize / kV;       // threads per 16-element block
-  static_assert(kG == 2 || kG == 4, "a 16-element block spans 2 (16-bit) or 4 (fp32) 16-byte chunks");
+  constexpr int kLoads = kSfVecSize * Elem<D>::kBytes / 16;  // 16-byte loads per block
+  static_assert(kLoads == 2 || kLoads == 4, "a 16-element block is 32 (16-bit) or 64 (fp32) bytes");
   const int64_t sf_cols = k / kSfVecSize;
-  const int64_t chunks_per_row = round_up(sf_cols, kSfAtomCols) * kG;
+  const Index blocks_per_row = static_cast<Index>(round_up(sf_cols, kSfAtomCols));
   const float gs = global_scale != nullptr ? __ldg(global_scale) : 1.0f;
 
   int64_t r[kItems], s[kItems];
-  int j[kItems];
   bool live[kItems];
-  uint4 raw[kItems];
+  uint4 raw[kItems][kLoads];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x + it * half_items;
-    r[it] = t / chunks_per_row;
-    const int64_t c = t - r[it] * chunks_per_row;
-    s[it] = c / kG;
-    j[it] = static_cast<int>(c % kG);
+    const Index t = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x + it * half_items;
+    const Index row = t / blocks_per_row;
+    r[it] = static_cast<int64_t>(row);
+    s[it] = static_cast<int64_t>(t - row * blocks_per_row);
     live[it] = r[it] < rows && s[it] < sf_cols;
-    raw[it] = live[it] ? __ldg(reinterpret_cast<const uint4*>(x + r[it] * ld_x_bytes + (s[it] * kG + j[it]) * 16))
-                       : make_uint4(0, 0, 0, 0);
+    const uint4* src = reinterpret_cast<const uint4*>(x + r[it] * ld_x_bytes + s[it] * (kLoads * 16));
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) raw[it][l] = live[it] ? __ldg(src + l) : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    uint32_t abs_bits[kV];
+    uint32_t abs_bits[kSfVecSize];
     uint32_t amax_bits = 0;  // |x| bits compared as integers: NaN bits exceed inf's, so a NaN wins
 #pragma unroll
-    for (int i = 0; i < kV; ++i) {
+    for (int i = 0; i < kSfVecSize; ++i) {
       abs_bits[i] = Elem<D>::bits(raw[it], i) & 0x7FFFFFFFu;
       amax_bits = max(amax_bits, abs_bits[i]);
     }
-#pragma unroll
-    for (int o = 1; o < kG; o <<= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, o));
     const uint8_t s8 = live[it] ? block_scale(bits_float(amax_bits), gs) : uint8_t{0};
-    if (j[it] == 0) sf[blocked_sf_offset(r[it], s[it], sf_cols)] = s8;
+    sf[blocked_sf_offset(r[it], s[it], sf_cols)] = s8;
     if (!live[it]) continue;
     const float inv = value_multiplier(s8, gs);
-    uint32_t word = 0;  // kV codes, element 2i in the low nibble of byte i
+    uint32_t words[2] = {0, 0};  // element 2i in the low nibble of byte i
 #pragma unroll
-    for (int i = 0; i < kV; ++i) {
-      word |= e2m1_code(abs_bits[i], Elem<D>::sign(raw[it], i), inv) << (4 * i);
+    for (int i = 0; i < kSfVecSize; ++i) {
+      words[i / 8] |= e2m1_code(abs_bits[i], Elem<D>::sign(raw[it], i), inv) << (4 * (i % 8));
     }
-    uint8_t* dst = packed + r[it] * (k / 2) + s[it] * (kSfVecSize / 2) + j[it] * (kV / 2);
-    if constexpr (kV == 8) {
-      *reinterpret_cast<uint32_t*>(dst) = word;
-    } else {
-      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(word);
-    }
+    *reinterpret_cast<uint2*>(packed + r[it] * (k / 2) + s[it] * (kSfVecSize / 2)) = make_uint2(words[0], words[1]);
   }
 }
 
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* gs, uint8_t* packed, uint8_t* sf,
             cudaStream_t stream) {
-  constexpr int kG = kSfVecSize * Elem<D>::kBytes / 16;
-  // A multiple of 128 * 4 * 2 = 1024 = kItems * 2 * kThreads: no partial block, no partial warp.
-  const int64_t items = round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols) * kG;
+  // A multiple of 128 * 4 = 512 = kItems * kThreads: no partial thread block.
+  const int64_t items = round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols);
   const int64_t half_items = items / kItems;
   const int64_t blocks = half_items / kThreads;
   if (blocks > 0x7FFFFFFF) return false;
-  quantize_kernel<D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(x), ld_x * Elem<D>::kBytes, rows, k, half_items, gs, packed, sf);
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const auto* src = static_cast<const uint8_t*>(x);
+  if (items <= 0xFFFFFFFFll) {
+    quantize_kernel<D, uint32_t><<<grid, kThreads, 0, stream>>>(src, ld_x * Elem<D>::kBytes, rows, k,
+                                                                 static_cast<uint32_t>(half_items), gs, packed, sf);
+  } else {
+    quantize_kernel<D, uint64_t><<<grid, kThreads, 0, stream>>>(src, ld_x * Elem<D>::kBytes, rows, k,
+                                                                 static_cast<uint64_t>(half_items), gs, packed, sf);
+  }
   return cudaGetLastError() == cudaSuccess;
 }
 

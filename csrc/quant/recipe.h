@@ -11,10 +11,10 @@
 //   amax  = max_i |x_i|                       exact; NaN if any x_i is NaN (abs bits compared as integers)
 //   s     = fl(fl(amax / 6) * gs)             IEEE fp32 divide, then multiply
 //   s8    = e4m3_rn_sat(s)                    round to nearest even; >= 448 (incl. inf) -> 448; NaN -> 0x7F
-//   inv   = s8 > 0 ? fl(gs / float(s8)) : 0   a zero (or NaN) scale quantizes its block to +-0
+//   inv   = s8 > 0 ? fl(gs / float(s8)) : 0   a zero (or NaN) scale sends its block to +-0 (NaNs to +-6)
 //   q_i   = fl(|x_i| * inv)                   reciprocal-multiply, as torchao's nvfp4_quantize and the
 //                                             MSLK Triton kernel do (not a per-element divide)
-//   c_i   = signbit(x_i) << 3 | e2m1_rne(q_i) ties to even; q >= 6 (incl. inf) -> 6; NaN -> 0
+//   c_i   = signbit(x_i) << 3 | e2m1_rne(q_i) ties to even; q >= 6 (incl. inf and NaN) -> 6
 // Dequantized value: e2m1(c_i) * float(s8) / gs.
 #pragma once
 
@@ -54,6 +54,14 @@ NVFP4_HD float mul_rn(float a, float b) {
   return __fmul_rn(a, b);
 #else
   return a * b;
+#endif
+}
+
+NVFP4_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
 #endif
 }
 
@@ -107,12 +115,23 @@ NVFP4_HD float value_multiplier(uint8_t s8, float gs) {
   return sf > 0.0f ? div_rn(gs, sf) : 0.0f;  // false for 0 and NaN scales
 }
 
-// e2m1 magnitude code (0..7) of q >= 0, round to nearest, ties to the even code; NaN -> 0.
-// The midpoints 0.25, 0.75, ... are exact in fp32; '>' sends a tie down, '>=' up, to the even neighbour.
+// e2m1 magnitude code (0..7) of q >= 0: round to nearest, ties to the even code, saturating at 6 (code
+// 7); NaN -> 7 as well (a NaN element's block has a NaN scale, so its code never reaches a result).
+// Same function as counting midpoints (q > 0.25) + (q >= 0.75) + (q > 1.25) + (q >= 1.75) + (q > 2.5) +
+// (q >= 3.5) + (q > 5) (reference_quantize does that) for every fp32 bit pattern
+// (tests/quant_host/e2m1_exhaustive.cpp); this form is
+// ~10 instructions instead of ~21, which the kernel's bandwidth target needs (3 per midpoint was the
+// compiled cost).
+//   q < 1:  e2m1 steps by 0.5 there, and fl(q + 2^22) rounds q to a multiple of 0.5 (ulp of 2^22), ties
+//           to even; its low mantissa bits are then q / 0.5 = the code (0, 1, 2).
+//   q >= 1: round the fp32 mantissa to 1 bit (ties to even via the kept bit), then exponent and that bit
+//           are the code: 1.0 -> 2, 1.5 -> 3, 2 -> 4, 3 -> 5, 4 -> 6, 6 -> 7; larger ones clamp to 7.
 NVFP4_HD uint32_t e2m1_magnitude(float q) {
-  return static_cast<uint32_t>(q > 0.25f) + static_cast<uint32_t>(q >= 0.75f) + static_cast<uint32_t>(q > 1.25f) +
-         static_cast<uint32_t>(q >= 1.75f) + static_cast<uint32_t>(q > 2.5f) + static_cast<uint32_t>(q >= 3.5f) +
-         static_cast<uint32_t>(q > 5.0f);
+  const uint32_t bits = float_bits(q);
+  const uint32_t small = float_bits(add_rn(q, 4194304.0f)) - 0x4A800000u;
+  const uint32_t large = ((bits + 0x1FFFFFu + ((bits >> 22) & 1u)) >> 22) - 252u;
+  const uint32_t code = q < 1.0f ? small : large;
+  return code < 7u ? code : 7u;
 }
 
 // 4-bit code of one element: `abs_bits` = fp32 bits of |x|, `sign` = 1 for a negative input.
