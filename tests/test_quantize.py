@@ -94,8 +94,11 @@ def test_cuda_matches_cpu(dtype, shape, gs_kind):
 def test_cuda_strided_and_misaligned_inputs(dtype):
     base = random_activations(64, 272, dtype, seed=3)
     dev = base.cuda()
+    n = 63 * 256
     views = {"column slice": (dev[:, 16:], base[:, 16:]), "row step": (dev[::2, :256], base[::2, :256]),
-             "offset by one row": (dev[1:, :256], base[1:, :256])}
+             "offset by one row": (dev[1:, :256], base[1:, :256]),
+             "misaligned columns": (dev[:, 1:257], base[:, 1:257]),  # not 16-byte aligned rows: copied
+             "contiguous, misaligned base": (dev.flatten()[1 : 1 + n].view(63, 256), base.flatten()[1 : 1 + n].view(63, 256))}
     for name, (on_gpu, on_cpu) in views.items():
         assert_same_bits(nvfp4_gemm.quantize(on_gpu), nvfp4_gemm.quantize(on_cpu), f"cuda {name}")
 
