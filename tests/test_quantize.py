@@ -77,10 +77,10 @@ def test_cpu_matches_reference(dtype, shape, gs_kind):
 @pytest.mark.parametrize("gs_kind", _scales())
 def test_cuda_matches_cpu(dtype, shape, gs_kind):
     x = random_activations(*shape, dtype, seed=7 * shape[0] + shape[1])
+    gs_cpu = _gs(gs_kind, x)
     x[0, 5] = math.nan
     x[-1, -1] = math.inf
     x[shape[0] // 2, :16] = 0.0
-    gs_cpu = _gs(gs_kind, x)
     gs_cuda = gs_cpu.cuda() if isinstance(gs_cpu, torch.Tensor) else gs_cpu
     sf_bytes = math.prod(blocked_shape(*shape))
     poison_cuda_allocator(4 * (sf_bytes + x.numel()), torch.device("cuda"))  # unwritten padding would show
