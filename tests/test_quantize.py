@@ -324,3 +324,58 @@ def test_matches_torchao(dtype, per_tensor):
     equal = (ours_s == ao_s) & (codes == ao_codes).all(-1)
     print(f"torchao agreement: {int(equal.sum())} of {equal.numel()} blocks bitwise equal; "
           f"{int(clamped.sum())} under torchao's 2^-6 scale clamp, {int(rounding.sum())} differ by scale rounding")
+
+
+def _modelopt_qtensor():
+    try:
+        mod = importlib.import_module("modelopt.torch.quantization.qtensor.nvfp4_tensor")
+    except Exception as e:  # noqa: BLE001 - absent, or missing one of its many dependencies
+        pytest.skip(f"nvidia-modelopt is not importable here ({type(e).__name__}: {e})")
+    return mod.NVFP4QTensor
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_modelopt(dtype):
+    """NVIDIA Model Optimizer 0.47's NVFP4QTensor.quantize (its weight path): decode scale
+    d = amax / (6 * 448); block scale fl(amax_b / fl(6 * d)) with zero scales set to 1.0, clamped to
+    [2^-9, 448], cast to e4m3; values x / fl(s8 * d), rounded to e2m1 with ties to even. With gs = fl(1/d)
+    the differences from our recipe are:
+      1. blocks whose scale rounds to 0 here (all-zero blocks, amax * gs / 6 < 2^-10): ModelOpt stores 1.0
+         or 2^-9 instead; the block decodes to zeros here;
+      2. the block scale's rounding order (divide by fl(6 d) versus multiply fl(amax/6) by gs): one e4m3
+         step, where an e4m3 midpoint separates the two fp32 values;
+      3. the value's rounding order (x / fl(s8 d) versus |x| * fl(gs / s8)): one e2m1 step, only where the
+         exact x * gs / s8 is within a few fp32 ulps of an e2m1 midpoint (a tie, or nearly);
+      4. -0.0 gets code 0 there (sign from x < 0), 8 here (sign bit). Not in this data.
+    Everything else is bitwise equal; the test checks each difference against its explanation."""
+    qtensor = _modelopt_qtensor()
+    rows, k = 256, 1024
+    x = random_activations(rows, k, dtype, seed=21)
+    q, mo_sf, mo_d = qtensor.quantize(x.clone(), 16)
+    gs = (1.0 / mo_d.float()).reshape(1)
+    packed, sf = nvfp4_gemm.quantize(x, gs)
+    ours_s = from_blocked(sf, rows, k).view(torch.uint8).int()
+    mo_s = mo_sf.view(torch.uint8).reshape(rows, k // 16).int()
+    codes = unpack_e2m1(packed).view(rows, -1, 16).int()
+    mo_codes = unpack_e2m1(q._quantized_data.view(torch.uint8)).view(rows, -1, 16).int()
+
+    underflow = ours_s == 0
+    assert (mo_s[underflow] > 0).all() and ((codes[underflow] & 7) == 0).all()
+    xf = x.float().view(rows, -1, 16)
+    amax = xf.abs().amax(-1)
+    scale_rounding = ~underflow & (ours_s != mo_s)
+    assert ((ours_s - mo_s).abs()[scale_rounding] == 1).all(), "a scale difference must be one e4m3 step"
+    assert ((amax / 6 * gs) != (amax / (6 * mo_d.float())))[scale_rounding].all()
+
+    same_scale = (ours_s == mo_s).unsqueeze(-1).expand_as(codes)
+    code_diff = same_scale & (codes != mo_codes)
+    assert ((codes - mo_codes).abs()[code_diff] == 1).all(), "a code difference must be one e2m1 step"
+    s8 = from_blocked(sf, rows, k).to(torch.float64).unsqueeze(-1)
+    ratio = (xf.double().abs() * gs.double() / s8)[code_diff]
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    near = ((ratio.unsqueeze(-1) - mids).abs() <= mids * 2.0**-21).any(-1)
+    assert near.all(), f"code differences away from e2m1 midpoints: ratios {ratio[~near][:5].tolist()}"
+    equal = (ours_s == mo_s) & (codes == mo_codes).all(-1)
+    print(f"ModelOpt agreement ({dtype}): {int(equal.sum())} of {equal.numel()} blocks bitwise equal; "
+          f"{int(underflow.sum())} zero-scale blocks, {int(scale_rounding.sum())} scale roundings, "
+          f"{int(code_diff.sum())} codes at e2m1 midpoints of {codes.numel()}")
