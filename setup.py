@@ -5,7 +5,7 @@
 Environment:
     NVFP4_GEMM_CUDA_ARCHS  "9.0a;10.0f" etc. (default: this machine's GPU, or every supported arch)
     CUTLASS_DIR            a CUTLASS checkout (else third_party/cutlass, else the nvidia-cutlass package)
-    MAX_JOBS               parallel compile jobs (default: cores, capped by free memory at ~4 GiB a job)
+    MAX_JOBS               parallel compile jobs (default: cores, capped by free memory at ~7 GiB a job)
     NVFP4_GEMM_CPU_ONLY=1  build the CPU backend only, even with a CUDA build of torch
 Sources and flags come from build_manifest.py, which CMakeLists.txt reads too.
 """
@@ -92,7 +92,7 @@ def default_max_jobs() -> None:
     try:
         with open("/proc/meminfo") as f:
             avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
-        jobs = max(1, min(jobs, avail_kb // (4 * 1024 * 1024)))  # CUTLASS TUs peak near 4 GiB each
+        jobs = max(1, min(jobs, avail_kb // (7 * 1024 * 1024)))  # SM100 CUTLASS TUs peak at 5-6.7 GB each
     except (OSError, StopIteration):
         pass
     os.environ["MAX_JOBS"] = str(jobs)

@@ -3,13 +3,16 @@
 #   PYTHON            interpreter (default python3)
 #   NVFP4_GEMM_TORCH  torch requirement (default torch==2.11.0: the CUDA 13.0 build, matching nvcc 13.0)
 #   NVFP4_GEMM_CUDA_ARCHS, CUTLASS_DIR, MAX_JOBS: see setup.py
+# cuobjdump / nvdisasm come as wheels: the SASS checks of the SM100 kernels need them and a compiler-only
+# toolkit lacks them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
-"$PY" -m pip install -q "${NVFP4_GEMM_TORCH:-torch==2.11.0}" "nvidia-cutlass==4.2.0.0" ninja pybind11 pytest wheel
+"$PY" -m pip install -q "${NVFP4_GEMM_TORCH:-torch==2.11.0}" "nvidia-cutlass==4.2.0.0" ninja pybind11 pytest wheel \
+  nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
 start=$(date +%s)
 "$PY" -m pip install --no-build-isolation --no-deps -e .
 echo "[nvfp4_gemm install] built in $(( $(date +%s) - start )) s"
