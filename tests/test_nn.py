@@ -213,3 +213,24 @@ def test_cuda_layer_matches_cpu_layer():
     gpu = layer.to("cuda")(x.cuda()).cpu()
     # Same quantized operands (bitwise, test_quantize); only the fp32 accumulation order differs.
     torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5 * cpu.abs().max().item())
+
+
+def test_from_modelopt_with_modelopt_quantized_weight():
+    """A layer exported the way NVIDIA Model Optimizer quantizes weights (its own NVFP4QTensor.quantize):
+    from_modelopt's decoded weight equals ModelOpt's dequantize."""
+    try:
+        from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"nvidia-modelopt is not importable here ({type(e).__name__}: {e})")
+    lin = make_linear(128, 48, seed=12)
+    w = lin.weight.detach()
+    qt, wscale, wscale_2 = NVFP4QTensor.quantize(w.clone(), 16)
+    sd = {"proj.weight": qt._quantized_data, "proj.weight_scale": wscale, "proj.weight_scale_2": wscale_2,
+          "proj.input_scale": torch.tensor(4.0 / 2688), "proj.bias": lin.bias.detach()}
+    layer = NVFP4Linear.from_modelopt(sd, "proj")
+    theirs = qt.dequantize(torch.float32, scale=wscale, double_scale=wscale_2, block_sizes={-1: 16})
+    ours = dequantize(layer.weight, layer.weight_scale, 128) * layer.weight_scale_2
+    # code * scale is exact; only where the fp32 product with weight_scale_2 is rounded may they differ.
+    torch.testing.assert_close(ours, theirs, rtol=2.0**-22, atol=0)
+    x = random_activations(6, 128, torch.float32, seed=13).clamp(-4, 4)
+    torch.testing.assert_close(layer(x), expected_forward(layer, x), rtol=1e-5, atol=1e-5)
