@@ -78,6 +78,8 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
 def finite_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| over the finite elements (0 if none): a NaN or inf in x must not poison the per-tensor scale
     (NaN then stays in its own block, inf saturates)."""
+    if x.numel() == 0:  # amax of nothing is an error in PyTorch; an empty batch has no scale to set
+        return torch.zeros((), dtype=torch.float32, device=x.device)
     a = x.detach().abs()
     return torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax().to(torch.float32)
 

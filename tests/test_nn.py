@@ -67,6 +67,13 @@ def test_forward_matches_explicit_quantize_mm(backend, dtype, static):
     assert rel < 0.12, f"relative error vs the float layer {rel:.3f}"
 
 
+def test_empty_batch(backend):
+    _, device = backend
+    layer = NVFP4Linear.from_linear(make_linear(64, 16)).to(device)
+    out = layer(torch.zeros(0, 5, 64, dtype=torch.bfloat16, device=device))
+    assert out.shape == (0, 5, 16) and out.dtype == torch.bfloat16
+
+
 def test_from_linear_buffers_are_the_quantized_weight():
     lin = make_linear(128, 64, seed=3)
     layer = NVFP4Linear.from_linear(lin)
