@@ -125,10 +125,11 @@ def main():
     gm = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
     gpu_mode = [r for r in rows if (r["m"], r["n"], r["k"]) in ((128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048))]
     geo = gm([r["sm90_us"] for r in gpu_mode]) / gm([r["cublas_us"] for r in gpu_mode])
-    try:
+    try:  # the device tool's copy of the tree has no .git: pass NVFP4_GEMM_COMMIT there
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
-        commit = "?"
+        commit = ""
+    commit = commit or os.environ.get("NVFP4_GEMM_COMMIT", "?")
     meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=commit,
                 torch=torch.__version__, copy_tbps=copy_bw / 1e12, mm_tflops=mm_rate / 1e12, gpu_mode_geomean_ratio=geo)
     json.dump(dict(meta=meta, rows=rows), open(os.path.join(args.out, "bench_sm90.json"), "w"), indent=1)

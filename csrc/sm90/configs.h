@@ -17,18 +17,15 @@
 #include <cstdint>
 
 // X(TOKENS, KT, STAGES, CTAS_PER_SM). Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 64 * KT (packed B)
-// + 8 * KT (scales). The _b2 entries (two CTAs per SM, for M <= 16) are listed and can be forced; select()
-// takes them where the table in select() says so.
+// + 8 * KT (scales). CTAS_PER_SM = 2 (M <= 16) measured no faster at M = 1 and slower at M = 16
+// (docs/SM90_NOTES.md, v5), so every entry runs one CTA per SM.
 #define NVFP4_SM90_CONFIGS(X) \
   X(8, 256, 10, 1)            \
   X(16, 256, 8, 1)            \
   X(32, 256, 6, 1)            \
   X(64, 256, 4, 1)            \
   X(128, 128, 5, 1)           \
-  X(256, 128, 3, 1)           \
-  X(8, 256, 4, 2)             \
-  X(8, 128, 8, 2)             \
-  X(16, 256, 4, 2)
+  X(256, 128, 3, 1)
 
 namespace nvfp4_gemm::sm90 {
 
