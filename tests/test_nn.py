@@ -41,7 +41,7 @@ def expected_forward(layer: NVFP4Linear, x: torch.Tensor) -> torch.Tensor:
         dec = 1.0 / enc
     p, sf = nvfp4_gemm.reference_quantize(x2.cpu(), enc.cpu())
     out = nvfp4_gemm.reference_mm(p, layer.weight.cpu(), sf, layer.weight_scale.cpu(),
-                                  alpha=(dec * layer.weight_scale_2).cpu(), out_dtype=torch.float32)
+                                  alpha=dec.cpu() * layer.weight_scale_2.cpu(), out_dtype=torch.float32)
     if layer.bias is not None:
         out = out + layer.bias.cpu().float()
     return out.to(x.dtype).reshape(*x.shape[:-1], layer.out_features)
