@@ -57,7 +57,7 @@ struct DeviceInfo {
 
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
-inline constexpr int32_t kBackendAbiVersion = 1;
+inline constexpr int32_t kBackendAbiVersion = 2;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion
@@ -76,6 +76,9 @@ struct BackendApi {
   // Enqueue the GEMM on `stream`. Returns true on a successful launch; false: `err` says why.
   bool (*run)(const Problem* p, int32_t config, void* workspace, size_t workspace_bytes,
               cudaStream_t stream, char* err, size_t err_len);
+  // Optional (nullptr: never). True where the generic path measured faster than this backend's pick:
+  // automatic dispatch then moves on (to the next backend, then generic); a forced backend still runs.
+  bool (*prefers_generic)(const Problem* p, const DeviceInfo* dev);
 };
 
 }  // namespace nvfp4_gemm

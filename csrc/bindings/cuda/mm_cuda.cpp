@@ -103,6 +103,7 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
 
   for (const BackendApi* api : backends()) {
     if (!api->supports_sm(dev.sm)) continue;
+    if (api->prefers_generic != nullptr && api->prefers_generic(&p, &dev)) continue;
     const int32_t cfg = api->select(&p, &dev, why, kErrLen);
     if (cfg >= 0) return Choice{api, cfg};
   }
