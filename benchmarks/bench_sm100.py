@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "csrc", "sm100"))
 import generate  # noqa: E402  - the dispatch table itself
 
 import nvfp4_gemm  # noqa: E402
+from nvfp4_gemm.testing import median_seconds  # noqa: E402
 
 # GPU MODE nvfp4_gemm benchmark shapes and their B200 speed of light at 1.5 GHz (SPEC.md).
 GPUMODE = [(128, 7168, 16384, 8.994), (128, 4096, 7168, 2.354), (128, 7168, 2048, 1.333)]
@@ -62,22 +63,7 @@ def make_inputs(m: int, n: int, k: int, device: str):
 
 
 def bench_us(fn) -> float:
-    try:
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-    except ImportError:
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(50):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) * 1e3)
-        return sorted(times)[len(times) // 2]
+    return median_seconds(fn, "cuda") * 1e6
 
 
 def scaled_mm_fn(inp, n: int):

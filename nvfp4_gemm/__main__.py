@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
 
 from . import info, mm
-from .testing import Case, error_ratio, make_inputs
+from .testing import Case, error_ratio, make_inputs, median_seconds
 
 GPU_MODE_SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048)]
 EXTRA_SHAPES = [(1, 7168, 16384), (16, 4096, 7168), (512, 4096, 7168), (2304, 4608, 7168)]
@@ -26,33 +24,6 @@ CPU_SHAPES = GPU_MODE_SHAPES + EXTRA_SHAPES[:2]
 def bytes_moved(m: int, n: int, k: int, out_dtype: torch.dtype) -> int:
     scales = (m + n) * (k // 16)
     return (m + n) * k // 2 + scales + m * n * torch.finfo(out_dtype).bits // 8
-
-
-def time_call(fn, device: torch.device) -> float:
-    """Median seconds of fn(). CUDA: triton's do_bench (L2 flushed) if present, else events."""
-    if device.type == "cuda":
-        try:
-            from triton.testing import do_bench
-
-            return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
-        except ImportError:
-            fn()
-            times = []
-            for _ in range(20):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) * 1e-3)
-            return statistics.median(times)
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         worst, msg = error_ratio(out, inputs)
         ok = worst <= 1.0
         failed += not ok
-        t = time_call(lambda: mm(**inputs), device)
+        t = median_seconds(lambda: mm(**inputs), device)
         tflops = 2 * m * n * k / t * 1e-12
         gbs = bytes_moved(m, n, k, out_dtype) / t * 1e-9
         print(f"{m:>6} {n:>6} {k:>6}  {t * 1e6:>10.1f} {tflops:>8.2f} {gbs:>8.1f}  {worst:>9.3f}  "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+import time
 
 import torch
 
@@ -129,3 +131,31 @@ def poison_cuda_allocator(nbytes: int, device: torch.device) -> None:
         return
     t = torch.full((max(nbytes, 512),), 0xFF, dtype=torch.uint8, device=device)
     del t
+
+
+def median_seconds(fn, device: torch.device | str = "cuda") -> float:
+    """Median seconds of fn(). CUDA: triton's do_bench (L2 flushed between runs) if present, else CUDA
+    events around each call; CPU: wall clock of a few calls. The one timer of the main job and benchmarks."""
+    if torch.device(device).type == "cuda":
+        try:
+            from triton.testing import do_bench
+
+            return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+        except ImportError:
+            fn()
+            times = []
+            for _ in range(20):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) * 1e-3)
+            return statistics.median(times)
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
