@@ -30,6 +30,8 @@ TARGETS = [  # (M, N, K, target kind, target value)
     (512, 4096, 7168, "ratio", 1.00),
     (2304, 4608, 7168, "ratio", 1.05),
 ]
+SMALL = [(1, 7168, 16384, "bw", 0.85), (8, 7168, 16384, None, None), (16, 4096, 7168, "bw", 0.75),
+         (32, 4096, 7168, None, None), (1, 4096, 7168, None, None)]
 EXTRA = [(8, 7168, 16384, None, None), (64, 7168, 16384, None, None), (256, 7168, 16384, None, None),
          (1024, 7168, 7168, None, None), (4096, 8192, 16384, None, None)]
 
@@ -81,7 +83,7 @@ def with_env(env: dict, fn):
                 os.environ[k] = v
 
 
-def run_shape(m, n, k, copy_bw, mm_rate, splits_list):
+def run_shape(m, n, k, copy_bw, mm_rate, splits_list, configs_list=()):
     inp = inputs_for(m, n, k)
     ad = nvfp4_gemm.dequantize(inp["a"], inp["sfa"], k, torch.float16)
     bd = nvfp4_gemm.dequantize(inp["b"], inp["sfb"], k, torch.float16)
@@ -92,6 +94,9 @@ def run_shape(m, n, k, copy_bw, mm_rate, splits_list):
     row["max_rel_err_vs_fp32"] = float(((out.float() - ref).abs().max() / ref.abs().max()).item())
     row["sm90_us"] = with_env({"NVFP4_GEMM_BACKEND": "sm90"}, lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
     row["generic_us"] = with_env({"NVFP4_GEMM_BACKEND": "generic"}, lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
+    for cfg in configs_list:  # forced configs, e.g. the wgmma one against the small-M kernel
+        row[f"cfg:{cfg}"] = with_env({"NVFP4_GEMM_BACKEND": "sm90", "NVFP4_GEMM_CONFIG": cfg},
+                                     lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
     for s in splits_list:
         row[f"sm90_split{s}_us"] = with_env({"NVFP4_GEMM_BACKEND": "sm90", "NVFP4_GEMM_SM90_SPLITS": str(s)},
                                             lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
@@ -108,23 +113,31 @@ def run_shape(m, n, k, copy_bw, mm_rate, splits_list):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/out")
-    ap.add_argument("--shapes", default="targets", choices=["targets", "all"])
+    ap.add_argument("--shapes", default="targets", choices=["targets", "all", "small"])
+    ap.add_argument("--configs", default="", help="comma list of sm90 config names to time as well (forced); "
+                    "'auto': for each shape the small-M config and the wgmma config of its token tile")
     ap.add_argument("--splits", default="", help="comma list of forced split counts to time as well")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     splits_list = [int(s) for s in args.splits.split(",") if s]
     copy_bw, mm_rate = ceilings()
-    shapes = TARGETS + (EXTRA if args.shapes == "all" else [])
+    shapes = SMALL if args.shapes == "small" else TARGETS + (EXTRA if args.shapes == "all" else [])
     rows = []
+    names = nvfp4_gemm.configs().get("sm90", [])
     for m, n, k, kind, target in shapes:
-        r = run_shape(m, n, k, copy_bw, mm_rate, splits_list)
+        if args.configs == "auto":
+            tok = next(t for t in (8, 16, 32, 64, 128, 256) if m <= t)
+            cfgs = [c for c in names if f"xt{tok}x" in c or f"xt{tok}_" in c]
+        else:
+            cfgs = [c for c in args.configs.split(",") if c]
+        r = run_shape(m, n, k, copy_bw, mm_rate, splits_list, cfgs)
         r["target"] = None if kind is None else (f"<= {target:.2f}x cuBLAS" if kind == "ratio" else f">= {100 * target:.0f}% copy")
         r["met"] = None if kind is None else (r["ratio_vs_cublas"] <= target if kind == "ratio" else r["pct_copy"] >= 100 * target)
         rows.append(r)
         print(json.dumps(r), flush=True)
     gm = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
     gpu_mode = [r for r in rows if (r["m"], r["n"], r["k"]) in ((128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048))]
-    geo = gm([r["sm90_us"] for r in gpu_mode]) / gm([r["cublas_us"] for r in gpu_mode])
+    geo = gm([r["sm90_us"] for r in gpu_mode]) / gm([r["cublas_us"] for r in gpu_mode]) if gpu_mode else float("nan")
     try:  # the device tool's copy of the tree has no .git: pass NVFP4_GEMM_COMMIT there
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -144,6 +157,11 @@ def main():
         lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {r['sm90_us']:.1f} | {r['cublas_us']:.1f} | {r['ratio_vs_cublas']:.3f} | "
                      f"{r['generic_us']:.1f} | {r['tflops']:.0f} | {r['gbps']:.0f} | {r['pct_mm']:.0f} | {r['pct_copy']:.0f} | "
                      f"{r['target'] or ''} | {'' if r['met'] is None else ('yes' if r['met'] else 'no')} |")
+    cfg_rows = [r for r in rows if any(key.startswith("cfg:") for key in r)]
+    if cfg_rows:
+        lines += ["", "Forced configs (us): " + "; ".join(
+            f"({r['m']},{r['n']},{r['k']}): " + ", ".join(f"{key[4:]}={v:.1f}" for key, v in r.items() if key.startswith("cfg:"))
+            for r in cfg_rows)]
     if splits_list:
         lines += ["", "Forced split-K (us): " + "; ".join(
             f"({r['m']},{r['n']},{r['k']}): " + ", ".join(f"s{s}={r[f'sm90_split{s}_us']:.1f}" for s in splits_list) for r in rows)]

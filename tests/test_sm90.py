@@ -124,7 +124,66 @@ def test_random_sweep():
     assert not fails, f"{len(fails)} of {SWEEP_CASES} failed:\n" + "\n".join(fails[:20])
 
 
-@pytest.mark.parametrize("shape", [(1, 7168, 16384), (128, 7168, 2048), (300, 4096, 1024)])
+def _small_m_configs():
+    return [c for c in _configs() if "_smallm_" in c]
+
+
+def test_small_m_sweep(monkeypatch):
+    """The small-M streaming kernel (sm90_small_m.cuh): automatic selection (M = 1) and every small-M
+    config forced, on random M <= 40 (past a config's TOKENS it runs in several launches), N up to 8192,
+    K up to 16384 (K/16 % 4 != 0 and K % 256 != 0 included), random split counts."""
+    rng = random.Random(7)
+    fails = []
+    for i in range(80):
+        m = rng.randint(1, 40)
+        n = 8 * rng.randint(1, 1024)
+        k = 32 * rng.randint(1, 512)
+        dt = rng.choice([torch.float16, torch.bfloat16, torch.float32])
+        alpha = rng.choice([None, 0.5, -2.0])
+        cfg = rng.choice([None] + _small_m_configs())
+        splits = rng.choice([None, "1", "2", "3", "7"])
+        if cfg is None and m > 16:
+            m = rng.randint(1, 16)
+        monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+        monkeypatch.delenv("NVFP4_GEMM_SM90_SPLITS", raising=False)
+        if cfg:
+            monkeypatch.setenv("NVFP4_GEMM_CONFIG", cfg)
+        if splits:
+            monkeypatch.setenv("NVFP4_GEMM_SM90_SPLITS", splits)
+        scales = rng.choice(["typical", "tiny"]) if dt == torch.float16 else rng.choice(["typical", "wide", "tiny"])
+        inputs = _gpu_inputs(m, n, k, dt, alpha, scales, seed=100 + i)
+        try:
+            _check_gpu(nvfp4_gemm.mm(**inputs), inputs)
+        except (AssertionError, RuntimeError) as e:
+            fails.append(f"({m},{n},{k}) {dt} alpha={alpha} cfg={cfg} splits={splits}: {e}")
+    assert not fails, f"{len(fails)} failed:\n" + "\n".join(fails[:20])
+
+
+def test_small_m_is_selected():
+    """M = 1 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M to
+    a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process: the flag is read once)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, nvfp4_gemm\n"
+            "for m in (1, 8, 16, 17):\n"
+            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda')\n"
+            "    b = torch.randint(0, 256, (1024, 2048), dtype=torch.uint8, device='cuda')\n"
+            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "    nvfp4_gemm.mm(a, b, sf(m), sf(1024))\n"
+            "torch.cuda.synchronize()\n")
+    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
+    picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in lines}
+    assert "_smallm_" in picked[1], picked
+    for m in (8, 16, 17):
+        assert "_smallm_" not in picked[m], picked
+
+
+@pytest.mark.parametrize("shape", [(1, 7168, 16384), (16, 4096, 7168), (128, 7168, 2048), (300, 4096, 1024)])
 def test_bitwise_deterministic(shape):
     inputs = _gpu_inputs(*shape, seed=5)
     first = nvfp4_gemm.mm(**inputs)
@@ -132,8 +191,9 @@ def test_bitwise_deterministic(shape):
         assert torch.equal(nvfp4_gemm.mm(**inputs).view(torch.int16), first.view(torch.int16))
 
 
-def test_cuda_graph_and_side_stream():
-    inputs = _gpu_inputs(128, 1024, 2048, alpha=1.5, seed=9)
+@pytest.mark.parametrize("shape", [(128, 1024, 2048), (8, 1024, 8192)])
+def test_cuda_graph_and_side_stream(shape):
+    inputs = _gpu_inputs(*shape, alpha=1.5, seed=9)
     expect = nvfp4_gemm.mm(**inputs)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -15,24 +15,38 @@
 #include "sm90/backend.h"
 #include "sm90/configs.h"
 #include "sm90/sm90_gemm.cuh"
+#include "sm90/sm90_small_m.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
 #define NVFP4_SM90_EXTERN(T, KT, S, B) extern template cudaError_t launch_gemm<T, KT, S, B>(const LaunchArgs&);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
+#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D) extern template cudaError_t launch_small_m<T, KB, D>(const SmallMLaunch&);
+NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
+#undef NVFP4_SM90_SMALL_M_EXTERN
 
 namespace {
 
+// Launchers by config index: the wgmma entries, then the small-M ones (the kConfigs order).
 using LaunchFn = cudaError_t (*)(const LaunchArgs&);
 #define NVFP4_SM90_LAUNCH(T, KT, S, B) &launch_gemm<T, KT, S, B>,
 constexpr LaunchFn kLaunch[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
-static_assert(sizeof(kLaunch) / sizeof(kLaunch[0]) == kNumConfigs, "one launcher per config");
+constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
+using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
+#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D) &launch_small_m<T, KB, D>,
+constexpr SmallMLaunchFn kSmallMLaunch[] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
+#undef NVFP4_SM90_SMALL_M_LAUNCH
+static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
-constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)};
+#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D) NVFP4_SM90_SMALL_M_NAME(T, KB, D),
+constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
+                                            NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)};
 #undef NVFP4_SM90_NAME_ENTRY
+#undef NVFP4_SM90_SMALL_M_NAME_ENTRY
+static_assert(sizeof(kConfigNames) / sizeof(kConfigNames[0]) == kNumConfigs, "one name per config");
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
 // bounded (the issue's 64 MiB) whatever M is.
@@ -161,6 +175,92 @@ void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
 }
 
+// Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
+struct SmallMPlan {
+  int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
+  int64_t partial_bytes = 0, counter_bytes = 0;
+};
+
+SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
+  const KernelConfig& c = kConfigs[config];
+  SmallMPlan pl;
+  pl.row_blocks = static_cast<int>(ceil_div(p.n, kSmallRows));
+  pl.kblocks = static_cast<int>(ceil_div(p.k, kSmallKBlock));
+  const int64_t slot_bytes = int64_t{kSmallRows} * c.tokens * 4;  // one CTA's fp32 partial tile
+  // Two CTAs per SM (the launch bound) in one wave, each with at most KBMAX K blocks: with DEPTH blocks in
+  // flight per lane that is 2 x 8 warps x DEPTH x 2 KB of B requested per SM, several times Little's
+  // law's ~24 KB (3 TB/s x ~1 us / 132 SMs). More K per CTA only when the wave is full anyway.
+  int64_t kb = std::clamp<int64_t>(ceil_div(static_cast<int64_t>(pl.row_blocks) * pl.kblocks, 2ll * sms), 1, c.kt);
+  if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // tests and benchmarks: a forced split count
+    const int forced = std::atoi(env);
+    if (forced >= 1) kb = ceil_div(pl.kblocks, forced);
+  }
+  // Decoded A for kb blocks must fit in shared memory: a forced split count is a request, not a promise.
+  kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(c.tokens, 1))});
+  int64_t splits = ceil_div(pl.kblocks, kb);
+  const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
+  const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
+  splits = std::min(splits, max_splits);
+  kb = ceil_div(pl.kblocks, splits);  // spread evenly: the last split is at most one block short
+  splits = ceil_div(pl.kblocks, kb);
+  pl.kb = static_cast<int>(kb);
+  pl.splits = static_cast<int>(splits);
+  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(c.tokens, 1)} * kb, int64_t{1} << 30));
+  if (splits > 1) {
+    pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
+    pl.counter_bytes = counters;
+  }
+  return pl;
+}
+
+bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
+                 size_t err_len) {
+  const KernelConfig& c = kConfigs[config];
+  const SmallMPlan pl = make_small_m_plan(*p, config, num_sms_of_current_device());
+  if (ws_bytes < static_cast<size_t>(pl.partial_bytes + pl.counter_bytes) ||
+      (pl.partial_bytes && workspace == nullptr)) {
+    if (err && err_len) std::snprintf(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
+    return false;
+  }
+  SmallMLaunch l{};
+  SmallMParams& sp = l.params;
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  sp.b = p->b;
+  sp.sfa = p->sfa;
+  sp.sfb = p->sfb;
+  sp.alpha = p->alpha;
+  sp.partial = pl.partial_bytes ? reinterpret_cast<float4*>(ws) : nullptr;
+  sp.counters = pl.partial_bytes ? reinterpret_cast<uint32_t*>(ws + pl.partial_bytes) : nullptr;
+  sp.lda = p->lda;
+  sp.ldb = p->ldb;
+  sp.ldc = p->ldc;
+  sp.n = static_cast<int>(p->n);
+  sp.k = static_cast<int>(p->k);
+  sp.sf_atoms = static_cast<int>(ceil_div(p->k / kSfVecSize, kSfAtomCols));
+  sp.kblocks = pl.kblocks;
+  sp.kb_per_cta = pl.kb;
+  sp.splits = pl.splits;
+  sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
+  sp.out_dtype = p->out_dtype;
+  l.row_blocks = pl.row_blocks;
+  l.smem = pl.smem;
+  l.stream = stream;
+  const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
+  // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each.
+  for (int64_t r0 = 0; r0 < p->m; r0 += c.tokens) {
+    sp.a = p->a + r0 * p->lda;
+    sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
+    sp.sfa_row0 = static_cast<int>(r0);
+    sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
+    const cudaError_t e = kSmallMLaunch[config - kNumWgmma](l);
+    if (e != cudaSuccess) {
+      if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", c.name, cudaGetErrorString(e));
+      return false;
+    }
+  }
+  return true;
+}
+
 int tokens_for_m(int64_t m) {
   if (m <= 8) return 8;
   if (m <= 16) return 16;
@@ -182,6 +282,27 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
       std::snprintf(why, why_len, "sm90 kernels are built for sm_90a (wgmma, setmaxnreg); this device is sm_%d",
                     static_cast<int>(dev->sm));
     return false;
+  }
+  if (kConfigs[config].kind == Kind::kSmallM) {
+    const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+    const SmallMPlan pl = make_small_m_plan(*p, config, sms);
+    const int64_t limit = std::min<int64_t>(kSmallMMaxSmem, dev ? dev->smem_optin : kSmallMMaxSmem);
+    if (pl.smem > limit) {
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s: %d K blocks per CTA need %d bytes of shared memory for decoded A, the "
+                      "limit is %lld (fewer forced splits, or a wgmma config)", kConfigs[config].name, pl.kb, pl.smem,
+                      static_cast<long long>(limit));
+      return false;
+    }
+    if (reinterpret_cast<uintptr_t>(p->sfb) % 4 != 0) {
+      set_msg(why, why_len, "sm90: sfb must be 4-byte aligned (32-bit scale loads)");
+      return false;
+    }
+    if (p->n > (int64_t{1} << 30) || p->m > (int64_t{1} << 31) || p->k > (int64_t{1} << 30)) {
+      set_msg(why, why_len, "sm90: M below 2^31, N and K below 2^30 for the small-M kernel");
+      return false;
+    }
+    return true;
   }
   const int smem = smem_bytes(kConfigs[config].tokens, kConfigs[config].kt, kConfigs[config].stages);
   if (dev && dev->smem_optin < smem) {
@@ -209,7 +330,11 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
 
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const int tokens = tokens_for_m(p->m);
-  for (int i = 0; i < kNumConfigs; ++i) {
+  if (p->m <= kSmallMMaxM) {  // the streaming kernel where it measured faster; else (smem) the wgmma one
+    for (int i = kNumWgmma; i < kNumConfigs; ++i)
+      if (kConfigs[i].tokens == tokens && can_run(p, i, dev, why, why_len)) return i;
+  }
+  for (int i = 0; i < kNumWgmma; ++i) {
     if (kConfigs[i].tokens != tokens || kConfigs[i].ctas_per_sm != 1) continue;
     if (!can_run(p, i, dev, why, why_len)) return -1;
     return i;
@@ -220,6 +345,10 @@ int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_le
 
 size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
   const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kSmallM) {
+    const SmallMPlan pl = make_small_m_plan(*p, config, sms);
+    return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
+  }
   const Plan pl = make_plan(*p, config, sms);
   return static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
 }
@@ -230,6 +359,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     set_msg(err, err_len, "sm90: config index out of range");
     return false;
   }
+  if (kConfigs[config].kind == Kind::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
   const int sms = num_sms_of_current_device();
   const Plan pl = make_plan(*p, config, sms);
   if (ws_bytes < static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes) || workspace == nullptr) {
