@@ -183,6 +183,29 @@ def test_small_m_is_selected():
         assert "_smallm_" not in picked[m], picked
 
 
+def test_large_m_goes_generic_unless_forced():
+    """Automatic dispatch hands M >= configs.h kPreferGenericFromM (2048) to the generic path, where it
+    measured faster; NVFP4_GEMM_BACKEND=sm90 still runs the Hopper kernel there."""
+    import subprocess
+    import sys
+
+    code = ("import torch, nvfp4_gemm\n"
+            "for m in (2047, 2048):\n"
+            "    a = torch.randint(0, 256, (m, 512), dtype=torch.uint8, device='cuda')\n"
+            "    b = torch.randint(0, 256, (256, 512), dtype=torch.uint8, device='cuda')\n"
+            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 64), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "    nvfp4_gemm.mm(a, b, sf(m), sf(256))\n"
+            "torch.cuda.synchronize()\n")
+    for backend, want_2048 in (("auto", "generic"), ("sm90", "sm90:")):
+        env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND=backend)
+        env.pop("NVFP4_GEMM_CONFIG", None)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")}
+        assert picked[2047].startswith("[nvfp4_gemm] sm90:"), picked
+        assert picked[2048].startswith(f"[nvfp4_gemm] {want_2048}"), picked
+
+
 @pytest.mark.parametrize("shape", [(1, 7168, 16384), (16, 4096, 7168), (128, 7168, 2048), (300, 4096, 1024)])
 def test_bitwise_deterministic(shape):
     inputs = _gpu_inputs(*shape, seed=5)

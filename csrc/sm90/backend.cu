@@ -328,6 +328,8 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
   return true;
 }
 
+bool prefers_generic(const Problem* p, const DeviceInfo*) { return p->m >= kPreferGenericFromM; }
+
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const int tokens = tokens_for_m(p->m);
   if (p->m <= kSmallMMaxM) {  // the streaming kernel where it measured faster; else (smem) the wgmma one
@@ -498,7 +500,7 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
 const BackendApi& backend_api() {
   static const BackendApi api = {
       kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, kConfigNames, &supports_sm, &select, &can_run,
-      &workspace_bytes,   &run,
+      &workspace_bytes,   &run,    &prefers_generic,
   };
   return api;
 }

@@ -44,6 +44,11 @@ namespace nvfp4_gemm::sm90 {
 // 22.2 vs 22.3, M = 32 29.8 vs 23.6 (slower or equal there: the t8/t16/t32 entries stay forceable).
 inline constexpr int kSmallMMaxM = 1;
 
+// Automatic dispatch hands M >= this to the generic path (decode + cuBLAS), which measured faster there
+// on the H100 (benchmarks/RESULTS.md, commit 71a8664): M = 2304 (N 4608, K 7168) 259.7 us generic vs
+// 272.1 us here; at M = 512 this kernel is ahead (69.0 vs 78.0 us). A forced sm90 still runs any M.
+inline constexpr int64_t kPreferGenericFromM = 2048;
+
 enum class Kind : int { kWgmma = 0, kSmallM = 1 };
 
 struct KernelConfig {
