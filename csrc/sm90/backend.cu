@@ -19,7 +19,7 @@
 
 namespace nvfp4_gemm::sm90 {
 
-#define NVFP4_SM90_EXTERN(T, KT, S, B, W) extern template cudaError_t launch_gemm<T, KT, S, B, W>(const LaunchArgs&);
+#define NVFP4_SM90_EXTERN(T, KT, S, B) extern template cudaError_t launch_gemm<T, KT, S, B>(const LaunchArgs&);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
 #define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D) extern template cudaError_t launch_small_m<T, KB, D>(const SmallMLaunch&);
@@ -30,7 +30,7 @@ namespace {
 
 // Launchers by config index: the wgmma entries, then the small-M ones (the kConfigs order).
 using LaunchFn = cudaError_t (*)(const LaunchArgs&);
-#define NVFP4_SM90_LAUNCH(T, KT, S, B, W) &launch_gemm<T, KT, S, B, W>,
+#define NVFP4_SM90_LAUNCH(T, KT, S, B) &launch_gemm<T, KT, S, B>,
 constexpr LaunchFn kLaunch[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
@@ -40,7 +40,7 @@ constexpr SmallMLaunchFn kSmallMLaunch[] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM9
 #undef NVFP4_SM90_SMALL_M_LAUNCH
 static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
 
-#define NVFP4_SM90_NAME_ENTRY(T, KT, S, B, W) NVFP4_SM90_NAME(T, KT, S, B, W),
+#define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
 #define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D) NVFP4_SM90_SMALL_M_NAME(T, KB, D),
 constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
                                             NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)};
@@ -59,7 +59,6 @@ struct Plan {
   int64_t kp = 0;          // K rounded up to 64: the row length of A_dec
   int64_t chunk_rows = 0;  // rows of A per launch
   int tiles_w = 0;
-  int weight_rows = 0;     // B rows per CTA tile
   int kt = 0;
   int ktiles = 0;
   int64_t a_bytes = 0;       // A_dec bytes of one chunk, rounded to 256
@@ -78,18 +77,18 @@ int num_sms_of_current_device() {
 // fix-up of a split (partials written, the last arriver reads them back). One K tile's time is its MMA
 // time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s per SM) or its bytes at the SM's share
 // of 3 TB/s, whichever is more.
-int choose_grid(int tiles, int ktiles, int tokens, int kt, int weight_rows, int sms, int64_t max_partial_bytes) {
+int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_partial_bytes) {
   const int64_t total = static_cast<int64_t>(tiles) * ktiles;
   if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // benchmarks and tests: tiles x splits
     const int forced = std::atoi(env);
     if (forced >= 1)
       return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(tiles) * forced, total,
-                                                 std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * weight_rows * 4))}));
+                                                 std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * kTileW * 4))}));
   }
-  const double t_mma = 2.0 * weight_rows * tokens * kt / 5.0e12;
-  const double t_mem = static_cast<double>(stage_bytes(tokens, kt, weight_rows / kTileW)) / (3.0e12 / sms);
+  const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
+  const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
   const double t_tile = std::max(t_mma, t_mem);
-  const int64_t slot_bytes = 2ll * tokens * weight_rows * 4;
+  const int64_t slot_bytes = 2ll * tokens * kTileW * 4;
   auto cost = [&](int64_t g) {
     const double waves = std::ceil(static_cast<double>(g) / sms);
     double c = waves * std::ceil(static_cast<double>(total) / g) * t_tile;
@@ -126,19 +125,17 @@ Plan make_plan(const Problem& p, int config, int sms) {
   const int64_t row_bytes = pl.kp * 2;
   pl.chunk_rows = p.m;
   if (p.m * row_bytes > kMaxADecBytes) pl.chunk_rows = std::max<int64_t>(kMaxADecBytes / row_bytes / pl.tokens, 1) * pl.tokens;
-  pl.weight_rows = kConfigs[config].weight_rows;
-  pl.tiles_w = static_cast<int>(ceil_div(p.n, pl.weight_rows));
+  pl.tiles_w = static_cast<int>(ceil_div(p.n, kTileW));
   pl.kt = kConfigs[config].kt;
   pl.ktiles = static_cast<int>(ceil_div(p.k, pl.kt));
   pl.a_bytes = round_up(pl.chunk_rows * row_bytes, 256);
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
-    const int grid = choose_grid(tiles, pl.ktiles, pl.tokens, pl.kt, pl.weight_rows, sms * kConfigs[config].ctas_per_sm,
+    const int grid = choose_grid(tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
                                  partial_budget(pl, tiles));
     if (grid > tiles) {
-      pl.partial_bytes =
-          std::max<int64_t>(pl.partial_bytes, static_cast<int64_t>(grid) * 2 * pl.tokens * pl.weight_rows * 4);
+      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes, static_cast<int64_t>(grid) * 2 * pl.tokens * kTileW * 4);
       pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * 4, 256));
     }
   }
@@ -307,8 +304,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     return true;
   }
-  const int smem = smem_bytes(kConfigs[config].tokens, kConfigs[config].kt, kConfigs[config].stages,
-                              kConfigs[config].weight_rows / kTileW);
+  const int smem = smem_bytes(kConfigs[config].tokens, kConfigs[config].kt, kConfigs[config].stages);
   if (dev && dev->smem_optin < smem) {
     if (why && why_len)
       std::snprintf(why, why_len, "%s needs %d bytes of shared memory per block, the device allows %lld",
@@ -380,8 +376,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   LaunchArgs args{};
   GemmParams& gp = args.params;
   if (!encode_2d(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
-                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), static_cast<uint32_t>(pl.kt / 2),
-                 static_cast<uint32_t>(pl.weight_rows),
+                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), static_cast<uint32_t>(pl.kt / 2), kTileW,
                  pl.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
     return false;
@@ -410,7 +405,6 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   gp.n = static_cast<int>(p->n);
   gp.k = static_cast<int>(p->k);
   gp.sf_atoms_per_row = sf_atoms_per_row;
-  gp.sf_row_blocks = static_cast<int>(ceil_div(p->n, kSfAtomRows));
   gp.ktiles = pl.ktiles;
   gp.tiles_w = pl.tiles_w;
   gp.out_dtype = p->out_dtype;
@@ -427,7 +421,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
     gp.tiles = tiles_of(pl, rows);
-    gp.grid = choose_grid(gp.tiles, pl.ktiles, pl.tokens, pl.kt, pl.weight_rows, sms * kConfigs[config].ctas_per_sm,
+    gp.grid = choose_grid(gp.tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
                           partial_budget(pl, gp.tiles));
     gp.total = static_cast<int64_t>(gp.tiles) * pl.ktiles;
     gp.hint_b = hints && gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;

@@ -2,32 +2,30 @@
 // (BackendApi::config_names), the forced-config path and the generated instantiation files
 // (csrc/sm90/generated/, written by csrc/sm90/generate.py from the X-macro below) all come from it.
 //
-// Every config computes W rows of B (the weights: 2 consumer warpgroups x wgmma M = 64, times W / 128)
-// against a tile of TOKENS rows of A (wgmma N), K in stages of KT. What varies:
+// Every config computes a 128-row slice of B (the weights: 2 consumer warpgroups x wgmma M = 64) against
+// a tile of TOKENS rows of A (wgmma N), K in stages of KT. What varies:
 //  - the token tile (the wgmma N): small M wastes no MMA work on padding rows, large M reuses each
 //    decoded B fragment over more tokens;
 //  - KT: 256 where B bandwidth rules (M <= 64): 128-byte B row segments per stage instead of 64 (v2 at
 //    KT = 128 read B at 1.2-1.5 TB/s, half the copy rate), and half the barrier round trips per byte;
 //    128 at 128 / 256 tokens, where decoded A (tokens x KT x 2 bytes) would leave room for 2 stages only;
-//  - the pipeline depth: as many stages as fit in 227 KB;
-//  - W: 256 at 128 tokens, where the re-read decoded A (32 KB per stage) bounds the rate through L2 when
-//    all SMs run (docs/SM90_NOTES.md, "Next step for M = 128"): two weight tiles share each A stage.
+//  - the pipeline depth: as many stages as fit in 227 KB.
 // The grid (one CTA per tile, or a balanced split over whole waves) is chosen per problem at run time
 // (choose_grid in backend.cu), not per config.
 #pragma once
 
 #include <cstdint>
 
-// X(TOKENS, KT, STAGES, CTAS_PER_SM, W). Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + W / 2 * KT
-// (packed B) + W / 16 * KT (scales). CTAS_PER_SM = 2 (M <= 16) measured no faster at M = 1 and slower at
-// M = 16 (docs/SM90_NOTES.md, v5), so every entry runs one CTA per SM.
+// X(TOKENS, KT, STAGES, CTAS_PER_SM). Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 64 * KT (packed B)
+// + 8 * KT (scales). CTAS_PER_SM = 2 (M <= 16) measured no faster at M = 1 and slower at M = 16
+// (docs/SM90_NOTES.md, v5), so every entry runs one CTA per SM.
 #define NVFP4_SM90_CONFIGS(X) \
-  X(8, 256, 10, 1, 128)       \
-  X(16, 256, 8, 1, 128)       \
-  X(32, 256, 6, 1, 128)       \
-  X(64, 256, 4, 1, 128)       \
-  X(128, 128, 4, 1, 256)      \
-  X(256, 128, 3, 1, 128)
+  X(8, 256, 10, 1)            \
+  X(16, 256, 8, 1)            \
+  X(32, 256, 6, 1)            \
+  X(64, 256, 4, 1)            \
+  X(128, 128, 5, 1)           \
+  X(256, 128, 3, 1)
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
 // through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH): TOKENS = 8 x n-tiles;
@@ -60,14 +58,12 @@ struct KernelConfig {
   int kt;      // K per pipeline stage (wgmma); K blocks of 256 per CTA at most (small-M)
   int stages;  // TMA pipeline depth (wgmma); B blocks in flight per lane (small-M)
   int ctas_per_sm;
-  int weight_rows;  // B rows per CTA tile (wgmma); 128 (small-M)
 };
 
-#define NVFP4_SM90_NAME(T, KT, S, B, W) "sm90_nvfp4_w" #W "xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
+#define NVFP4_SM90_NAME(T, KT, S, B) "sm90_nvfp4_w128xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
 #define NVFP4_SM90_SMALL_M_NAME(T, KB, D) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_mma16816"
-#define NVFP4_SM90_ENTRY(T, KT, S, B, W) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B, W), Kind::kWgmma, T, KT, S, B, W},
-#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D) \
-  KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D), Kind::kSmallM, T, KB, D, 2, 128},
+#define NVFP4_SM90_ENTRY(T, KT, S, B) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B), Kind::kWgmma, T, KT, S, B},
+#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D), Kind::kSmallM, T, KB, D, 2},
 // wgmma entries first, then the small-M ones: indices are what select / run / NVFP4_GEMM_CONFIG use.
 inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)
                                                 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_ENTRY)};

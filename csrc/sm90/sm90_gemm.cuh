@@ -43,21 +43,17 @@
 
 namespace nvfp4_gemm::sm90 {
 
-inline constexpr int kTileW = 128;   // B rows of one weight tile: 2 consumer warpgroups x wgmma M = 64
+inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
 inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
 
-// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128 x WT][KT/2] bytes
-// (SW64 for KT = 128, SW128 for KT = 256), and WT x KT/64 scale atoms of B (512 bytes each). WT weight
-// tiles of 128 rows share each stage of A: 2 cut the L2 -> SM traffic per weight row by 1.7x where the
-// re-read decoded A is the bound (docs/SM90_NOTES.md, "Next step for M = 128").
+// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
+// for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
 constexpr int stage_a_bytes(int tokens, int kt) { return tokens * kt * 2; }
-constexpr int stage_b_bytes(int kt, int wt = 1) { return kTileW * wt * kt / 2; }
-constexpr int stage_bytes(int tokens, int kt, int wt = 1) {
-  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt, wt) + wt * (kt / 64) * kSfAtomBytes;
+constexpr int stage_b_bytes(int kt) { return kTileW * kt / 2; }
+constexpr int stage_bytes(int tokens, int kt) {
+  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt) + (kt / 64) * kSfAtomBytes;
 }
-constexpr int smem_bytes(int tokens, int kt, int stages, int wt = 1) {
-  return stages * stage_bytes(tokens, kt, wt) + 2 * stages * 8 + 1024;
-}
+constexpr int smem_bytes(int tokens, int kt, int stages) { return stages * stage_bytes(tokens, kt) + 2 * stages * 8 + 1024; }
 
 // Logical K offset (0..63) inside a 64-K block of the element that wgmma step s (0..3) reads at
 // column j (0..15). Thread quad lane q holds scale group q; its two fp16x2 registers per row hold group
@@ -68,19 +64,18 @@ __host__ __device__ constexpr int permuted_k(int s, int j) {
 
 struct GemmParams {
   CUtensorMap tmap_a;     // A_dec [rows][kp] fp16, box {64, TOKENS}, SWIZZLE_128B
-  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128 x WT}, SWIZZLE_64B (KT 128) or 128B (KT 256)
+  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
   CUtensorMap tmap_sf;    // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
   const uint8_t* sfb;     // blocked scales of B
   const float* alpha;     // nullptr: 1
   void* c;                // output rows of this M chunk
-  float4* partial;        // [grid][2 segments][WT][TOKENS/8][256] partial sums, when grid > tiles
+  float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid > tiles
   uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
   int64_t ldc;
   int m, n, k;
   int sf_atoms_per_row;   // ceil(K/16 / 4)
-  int sf_row_blocks;      // ceil(N / 128): 128-row blocks of the scale buffer
   int ktiles;             // ceil(K / 128)
-  int tiles_w, tiles;     // B-row tiles (128 x WT rows each), all (B-row x token) tiles
+  int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
   int64_t total;          // tiles * ktiles
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
@@ -174,19 +169,17 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
 // warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
 // CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
 // decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, int WT>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
 __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(WT == 1 || (WT == 2 && CTAS_PER_SM == 1 && TOKENS <= 128),
-                "two weight tiles hold 2 x TOKENS / 2 accumulators: at most 128 tokens, one CTA per SM");
-  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES, WT) + 1024) <= 233472,
+  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
   constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
   constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
-  constexpr int kSfOff = kBOff + stage_b_bytes(KT, WT);  // weight tile h's atoms at kSfOff + h * kNB * 512
-  constexpr int kStage = stage_bytes(TOKENS, KT, WT);
+  constexpr int kSfOff = kBOff + stage_b_bytes(KT);
+  constexpr int kStage = stage_bytes(TOKENS, KT);
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
   // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
   constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
@@ -231,23 +224,16 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         uint8_t* st = smem + s * kStage;
         if (p.sf_bulk) {  // v3 path, kept selectable: a plain bulk copy of the atoms that exist
           const int sf_atoms = min(kNB, p.sf_atoms_per_row - kNB * kt);
-          // Row blocks past N have no atoms in the buffer: a second weight tile there reads none.
-          const int sf_blocks = min(WT, p.sf_row_blocks - tile_w * WT);
-          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT, WT) +
-                                                          sf_blocks * sf_atoms * kSfAtomBytes);
-          for (int h = 0; h < sf_blocks; ++h)
-            cute::SM90_BULK_COPY_G2S::copy(
-                p.sfb + (static_cast<int64_t>(tile_w * WT + h) * p.sf_atoms_per_row + kNB * kt) * kSfAtomBytes,
-                &full_bar[s], st + kSfOff + h * kNB * kSfAtomBytes, sf_atoms * kSfAtomBytes);
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + sf_atoms * kSfAtomBytes);
+          cute::SM90_BULK_COPY_G2S::copy(
+              p.sfb + (static_cast<int64_t>(tile_w) * p.sf_atoms_per_row + kNB * kt) * kSfAtomBytes, &full_bar[s],
+              st + kSfOff, sf_atoms * kSfAtomBytes);
         } else {
-          // A box past the scale buffer's end is zero-filled by TMA and still counts its bytes.
-          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT, WT) + WT * kNB * kSfAtomBytes);
-#pragma unroll
-          for (int h = 0; h < WT; ++h)
-            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff + h * kNB * kSfAtomBytes, 0,
-                                         ((tile_w * WT + h) * p.sf_atoms_per_row + kNB * kt) * 2);
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
         }
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW * WT);
+        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
       };
       auto load_a = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
@@ -289,22 +275,18 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   const __half2 b_fold = *reinterpret_cast<const __half2*>(&p.b_fold);
 
-  // Accumulator set h * kAcc + a belongs to weight tile h.
-  float acc[WT * kAcc][TOKENS / 2];
-  uint32_t fr0[WT][16], fr1[WT][16];  // decoded B for the two 64-K blocks in flight, per weight tile
+  float acc[kAcc][TOKENS / 2];
+  uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
 
-  // Decodes 64-K block j of stage s, weight tile h, into fr: [0..3] row0 elems 0..7, [4..7] row1 elems
-  // 0..7, [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
-  // Weight tile h's rows sit 128 rows further in the stage; 128 rows of 64 or 128 bytes move the address
-  // by a multiple of 8 KB, so the swizzle bits (7..9) are those of row0 / row1.
-  auto decode = [&](uint32_t(&fr)[16], int s, int j, int h) {
+  // Decodes 64-K block j of stage s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
+  // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
+  auto decode = [&](uint32_t(&fr)[16], int s, int j) {
     const uint8_t* st = smem + s * kStage;
-    const uint32_t bh = h * kTileW * (KT / 2), sh = h * kNB * kSfAtomBytes;
     // 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2) of the row, XORed with the swizzle bits; bx holds both.
-    const uint2 w0 = *reinterpret_cast<const uint2*>(st + bh + brow0 + (((2 * j) ^ bx0) << 4));
-    const uint2 w1 = *reinterpret_cast<const uint2*>(st + bh + brow1 + (((2 * j) ^ bx1) << 4));
-    const uint16_t sc = static_cast<uint16_t>(st[sh + sfoff0 + j * kSfAtomBytes]) |
-                        static_cast<uint16_t>(static_cast<uint16_t>(st[sh + sfoff1 + j * kSfAtomBytes]) << 8);
+    const uint2 w0 = *reinterpret_cast<const uint2*>(st + brow0 + (((2 * j) ^ bx0) << 4));
+    const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
+    const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
+                        static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(sc, __NV_E4M3);
     const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), b_fold);
     const __half2 s0 = __low2half2(s2), s1 = __high2half2(s2);
@@ -327,25 +309,21 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   };
   auto fence_acc = [&]() {
 #pragma unroll
-    for (int a = 0; a < WT * kAcc; ++a)
+    for (int a = 0; a < kAcc; ++a)
 #pragma unroll
       for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[a][i]);
   };
-  auto issue = [&](uint32_t(&fr)[WT][16], int s, int j) {
+  auto issue = [&](uint32_t(&fr)[16], int s, int j) {
 #pragma unroll
-    for (int h = 0; h < WT; ++h)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) cute::warpgroup_fence_operand(fr[h][i]);
+    for (int i = 0; i < 16; ++i) cute::warpgroup_fence_operand(fr[i]);
     fence_acc();
     cute::warpgroup_arrive();
     const uint64_t desc = sw128_desc(smem_base + s * kStage + j * kABytes);
 #pragma unroll
-    for (int h = 0; h < WT; ++h)
-#pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        const uint32_t a[4] = {fr[h][step], fr[h][4 + step], fr[h][8 + step], fr[h][12 + step]};
-        wgmma_call<TOKENS>(a, desc + 2 * step, acc[h * kAcc + step % kAcc], std::make_index_sequence<TOKENS / 2>{});
-      }
+    for (int step = 0; step < 4; ++step) {
+      const uint32_t a[4] = {fr[step], fr[4 + step], fr[8 + step], fr[12 + step]};
+      wgmma_call<TOKENS>(a, desc + 2 * step, acc[step % kAcc], std::make_index_sequence<TOKENS / 2>{});
+    }
     cute::warpgroup_commit_batch();
     fence_acc();
   };
@@ -362,14 +340,13 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const int kt0 = u % p.ktiles;
     const int n_kt = min(p.ktiles - kt0, u_end - u);
 #pragma unroll
-    for (int a = 0; a < WT * kAcc; ++a)
+    for (int a = 0; a < kAcc; ++a)
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[a][x] = 0.0f;
 
     int s = i % STAGES, phase = (i / STAGES) & 1;
     Barrier::wait(&full_bar[s], phase);
-#pragma unroll
-    for (int h = 0; h < WT; ++h) decode(fr0[h], s, 0, h);
+    decode(fr0, s, 0);
     for (int j = 0; j < n_kt; ++j) {
       // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB).
       const int nblk = min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
@@ -378,22 +355,18 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
       for (int blk = 0; blk < kNB; ++blk) {
         if (blk < nblk) {
-          uint32_t(&cur)[WT][16] = (blk % 2 == 0) ? fr0 : fr1;
-          uint32_t(&nxt)[WT][16] = (blk % 2 == 0) ? fr1 : fr0;
+          uint32_t(&cur)[16] = (blk % 2 == 0) ? fr0 : fr1;
+          uint32_t(&nxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
           issue(cur, s, blk);
           cute::warpgroup_wait<1>();  // block blk - 1 is done: its registers and (blk 0) its stage are free
 #pragma unroll
-          for (int h = 0; h < WT; ++h)
-#pragma unroll
-            for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[h][x]);
+          for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
           if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
           if (blk + 1 < nblk) {
-#pragma unroll
-            for (int h = 0; h < WT; ++h) decode(nxt[h], s, blk + 1, h);
+            decode(nxt, s, blk + 1);
           } else if (j + 1 < n_kt) {
             Barrier::wait(&full_bar[s_next], phase_next);
-#pragma unroll
-            for (int h = 0; h < WT; ++h) decode(nxt[h], s_next, 0, h);
+            decode(nxt, s_next, 0);
           }
         }
       }
@@ -406,35 +379,24 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     i += n_kt;
     u += n_kt;
 #pragma unroll
-    for (int h = 0; h < WT; ++h)
+    for (int a = 1; a < kAcc; ++a)
 #pragma unroll
-      for (int a = 1; a < kAcc; ++a)
-#pragma unroll
-        for (int x = 0; x < TOKENS / 2; ++x) acc[h * kAcc][x] += acc[h * kAcc + a][x];
+      for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
 
     const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
-    const int n0 = tile_w * kTileW * WT + row0;  // weight tile h: n0 + h * kTileW
+    const int n0 = tile_w * kTileW + row0;
     if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
 #pragma unroll
-      for (int h = 0; h < WT; ++h)
-#pragma unroll
-        for (int x = 0; x < TOKENS / 8; ++x)
-          store_quad(p, n0 + h * kTileW, tile_t * TOKENS + 8 * x + 2 * q,
-                     make_float4(acc[h * kAcc][4 * x], acc[h * kAcc][4 * x + 1], acc[h * kAcc][4 * x + 2],
-                                 acc[h * kAcc][4 * x + 3]),
-                     scale);
+      for (int x = 0; x < TOKENS / 8; ++x)
+        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q,
+                   make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]), scale);
       continue;
     }
     // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals.
-    // A slot holds WT weight tiles of (TOKENS / 8) x 256 float4.
-    constexpr int64_t kHalfSlot = (TOKENS / 8) * 256;
-    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + seg) * WT * kHalfSlot + t;
+    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + seg) * (TOKENS / 8) * 256 + t;
 #pragma unroll
-    for (int h = 0; h < WT; ++h)
-#pragma unroll
-      for (int x = 0; x < TOKENS / 8; ++x)
-        __stcg(mine + h * kHalfSlot + x * 256, make_float4(acc[h * kAcc][4 * x], acc[h * kAcc][4 * x + 1],
-                                                           acc[h * kAcc][4 * x + 2], acc[h * kAcc][4 * x + 3]));
+    for (int x = 0; x < TOKENS / 8; ++x)
+      __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
     __threadfence();
     cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
     const int64_t first_u = static_cast<int64_t>(tile) * p.ktiles;
@@ -447,23 +409,20 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
     // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
     // frees the accumulators for the loads.
-    const int64_t slot_stride = 2 * WT * kHalfSlot;  // float4s between CTAs' slots
+    const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
     // CTA c_first holds the tile's first units in its second slot unless its range starts inside the
     // tile (then its first); every later CTA of the tile starts inside it, so uses its first slot.
-    const float4* src0_base = p.partial + (static_cast<int64_t>(c_first) * 2 +
-                                           (tile - static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles))) *
-                                              WT * kHalfSlot + t;
+    const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 +
+                                      (tile - static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles))) *
+                                         (TOKENS / 8) * 256 + t;
     constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
-#pragma unroll 1
-    for (int h = 0; h < WT; ++h) {
-    const float4* src0 = src0_base + h * kHalfSlot;
 #pragma unroll
     for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
       float4 sum[kChunk];
 #pragma unroll
       for (int x = 0; x < kChunk; ++x) sum[x] = __ldcg(src0 + (x0 + x) * 256);
       for (int c = c_first + 1; c <= c_last; ++c) {
-        const float4* src = p.partial + static_cast<int64_t>(c) * slot_stride + h * kHalfSlot + t;
+        const float4* src = p.partial + static_cast<int64_t>(c) * slot_stride + t;
         float4 v[kChunk];
 #pragma unroll
         for (int x = 0; x < kChunk; ++x) v[x] = __ldcg(src + (x0 + x) * 256);
@@ -473,9 +432,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         }
       }
 #pragma unroll
-      for (int x = 0; x < kChunk; ++x)
-        store_quad(p, n0 + h * kTileW, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
-    }
+      for (int x = 0; x < kChunk; ++x) store_quad(p, n0, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
     }
   }
 }
@@ -492,12 +449,10 @@ struct LaunchArgs {
   cudaStream_t stream;
 };
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, int W>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
 cudaError_t launch_gemm(const LaunchArgs& args) {
-  static_assert(W == kTileW || W == 2 * kTileW, "128 or 256 weight rows per CTA");
-  constexpr int WT = W / kTileW;
-  constexpr int smem = smem_bytes(TOKENS, KT, STAGES, WT);
-  cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, WT>,
+  constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
+  cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
@@ -512,7 +467,7 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, WT>, args.params);
+  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>, args.params);
 }
 
 }  // namespace nvfp4_gemm::sm90
