@@ -171,6 +171,26 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// One launch's timeline as text: a header line, then one line of kTraceSlots numbers per CTA.
+void write_trace(const char* file, const GemmParams& gp, const char* config, cudaStream_t stream) {
+  const size_t n = kTraceHeader + static_cast<size_t>(gp.grid) * kTraceSlots;
+  uint64_t* host = static_cast<uint64_t*>(std::malloc(n * sizeof(uint64_t)));
+  FILE* f = std::fopen(file, "a");
+  if (host && f && cudaStreamSynchronize(stream) == cudaSuccess &&
+      cudaMemcpy(host, gp.trace, n * sizeof(uint64_t), cudaMemcpyDeviceToHost) == cudaSuccess) {
+    std::fprintf(f, "launch %s m=%d n=%d k=%d grid=%d tiles=%d ktiles=%d prepass=%llu,%llu\n", config, gp.m, gp.n,
+                 gp.k, gp.grid, gp.tiles, gp.ktiles, static_cast<unsigned long long>(host[0]),
+                 static_cast<unsigned long long>(host[1]));
+    for (int c = 0; c < gp.grid; ++c) {
+      for (int i = 0; i < kTraceSlots; ++i)
+        std::fprintf(f, i ? " %llu" : "%llu", static_cast<unsigned long long>(host[kTraceHeader + c * kTraceSlots + i]));
+      std::fprintf(f, "\n");
+    }
+  }
+  if (f) std::fclose(f);
+  std::free(host);
+}
+
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
 }
@@ -417,6 +437,14 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   gp.b_fold = fold ? kHalf2Two7 : kHalf2One;
   gp.out_mult = fold ? 128.0f : 268435456.0f;
   args.stream = stream;
+  // Diagnostics: NVFP4_GEMM_SM90_TRACE=<file> appends each launch's timeline (sm90_gemm.cuh, trace_at) to
+  // <file>; it synchronizes the stream after every launch, so it is for benchmarks/sm90_trace.py only.
+  const char* trace_file = std::getenv("NVFP4_GEMM_SM90_TRACE");
+  static uint64_t* trace_buf = nullptr;
+  constexpr int kTraceMaxCtas = 8192;
+  if (trace_file && *trace_file && !trace_buf &&
+      cudaMalloc(&trace_buf, sizeof(uint64_t) * (kTraceHeader + kTraceMaxCtas * kTraceSlots)) != cudaSuccess)
+    trace_buf = nullptr;
 
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
@@ -427,9 +455,12 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     gp.hint_b = hints && gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
     const int n_counters = gp.grid > gp.tiles ? gp.tiles : 0;
     const int64_t threads = std::max<int64_t>(rows * (pl.kp / 64) * 8, n_counters);
+    const size_t trace_bytes = sizeof(uint64_t) * (kTraceHeader + static_cast<size_t>(gp.grid) * kTraceSlots);
+    gp.trace = trace_file && *trace_file && trace_buf && gp.grid <= kTraceMaxCtas ? trace_buf : nullptr;
+    if (gp.trace) cudaMemsetAsync(gp.trace, 0, trace_bytes, stream);
     decode_a_kernel<<<static_cast<unsigned>(ceil_div(threads, 256)), 256, 0, stream>>>(
         p->a + r0 * p->lda, p->lda, p->sfa, static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(p->k),
-        sf_atoms_per_row, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post);
+        sf_atoms_per_row, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post, gp.trace);
     if (!encode_2d(&gp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_dec, static_cast<uint64_t>(pl.kp),
                    static_cast<uint64_t>(rows), static_cast<uint64_t>(pl.kp * 2), 64,
                    static_cast<uint32_t>(pl.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
@@ -443,6 +474,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
       if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", kConfigs[config].name, cudaGetErrorString(e));
       return false;
     }
+    if (gp.trace) write_trace(trace_file, gp, kConfigs[config].name, stream);
   }
   return true;
 }
@@ -467,8 +499,12 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,
                                                        int k, int sf_atoms_per_row, __half* __restrict__ out,
                                                        int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
-                                                       uint32_t a_post) {
+                                                       uint32_t a_post, uint64_t* trace) {
   cudaTriggerProgrammaticLaunchCompletion();  // the GEMM may launch now; it waits for our writes itself
+  if (trace && threadIdx.x == 0) {  // diagnostics: first block's start, latest block's end (approximately)
+    if (blockIdx.x == 0) trace[0] = global_ns();
+    atomicMax(reinterpret_cast<unsigned long long*>(trace + 1), static_cast<unsigned long long>(global_ns()));
+  }
   const int kblocks = kp / 64;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (idx < n_counters) counters[idx] = 0;

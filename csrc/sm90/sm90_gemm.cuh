@@ -83,7 +83,23 @@ struct GemmParams {
   int sf_bulk;            // 1: scales by cp.async.bulk (compute-sanitizer racecheck misreads it), 0: by TMA
   float out_mult;         // 2^28 / (A's and B's folds): what the epilogue multiplies back
   OutDtype out_dtype;
+  uint64_t* trace;        // nullptr, or kTraceSlots timestamps per CTA after kTraceHeader (see trace_at)
 };
+
+// Timeline trace (diagnostics only, NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
+// Header: [0] prepass start, [1] prepass end (latest block). Per CTA: [0] entry, [1] producer past the
+// grid dependency, [2] consumer past it, then per segment s (two at most): [3 + 3s] first stage full,
+// [4 + 3s] MMA done, [5 + 3s] epilogue done; [9] segment count | last-arriver bits << 8 | n_kt0 << 16 |
+// n_kt1 << 32; [10] SM id.
+inline constexpr int kTraceHeader = 16, kTraceSlots = 16;
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void trace_at(uint64_t* trace, int cta, int slot, uint64_t v) {
+  if (trace) trace[kTraceHeader + cta * kTraceSlots + slot] = v;
+}
 
 // Balanced split ("stream-K" without waiting): the tiles x ktiles units are cut into `grid` equal
 // contiguous ranges. A tile whose units span several CTAs is summed by whichever of them arrives last,
@@ -198,6 +214,12 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
 
   if (threadIdx.x == 0) {
+    if (p.trace) {
+      uint32_t smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      trace_at(p.trace, cta, 0, global_ns());
+      trace_at(p.trace, cta, 10, smid);
+    }
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
       EmptyBarrier::init(&empty_bar[s], 8);  // one arrive per consumer warp
@@ -246,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       const int pre = min(STAGES, u_end - u_begin);
       for (int x = 0; x < pre; ++x) load_b(u_begin + x, x);
       cudaGridDependencySynchronize();
+      if (p.trace) trace_at(p.trace, cta, 1, global_ns());
       for (int x = 0; x < pre; ++x) load_a(u_begin + x, x);
       int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
       for (int u = u_begin + pre; u < u_end; ++u) {
@@ -261,6 +284,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<232>();
   cudaGridDependencySynchronize();  // the split counters are zeroed by the prepass
   const int t = threadIdx.x - 128;        // 0..255 over both consumer warpgroups
+  uint64_t* const trace = t == 0 ? p.trace : nullptr;
+  uint64_t trace_info = 0;
+  if (trace) trace_at(trace, cta, 2, global_ns());
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int row0 = (t / 32) * 16 + g;      // CTA-local B row; row0 + 8 is the other
@@ -346,6 +372,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 
     int s = i % STAGES, phase = (i / STAGES) & 1;
     Barrier::wait(&full_bar[s], phase);
+    if (trace && seg < 2) trace_at(trace, cta, 3 + 3 * seg, global_ns());
     decode(fr0, s, 0);
     for (int j = 0; j < n_kt; ++j) {
       // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB).
@@ -376,6 +403,12 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     cute::warpgroup_wait<0>();
     fence_acc();
     release(s == 0 ? STAGES - 1 : s - 1);
+    if (trace && seg < 2) {
+      trace_at(trace, cta, 4 + 3 * seg, global_ns());
+      trace_info = (trace_info & ~uint64_t{0xFF}) | static_cast<uint64_t>(seg + 1);
+      trace_info |= static_cast<uint64_t>(n_kt) << (16 * (seg + 1));
+      trace_at(trace, cta, 9, trace_info);
+    }
     i += n_kt;
     u += n_kt;
 #pragma unroll
@@ -390,6 +423,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       for (int x = 0; x < TOKENS / 8; ++x)
         store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q,
                    make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]), scale);
+      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
     // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals.
@@ -404,7 +438,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
     if (t == 0) last_flag = atomicAdd(&p.counters[tile], 1u) == static_cast<uint32_t>(c_last - c_first);
     cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-    if (!last_flag) continue;
+    if (!last_flag) {
+      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
+      continue;
+    }
+    if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
     __threadfence();
     // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
     // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
@@ -434,6 +472,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
       for (int x = 0; x < kChunk; ++x) store_quad(p, n0, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
     }
+    if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
   }
 }
 
@@ -442,7 +481,7 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,
                                                        int k, int sf_atoms_per_row, __half* __restrict__ out,
                                                        int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
-                                                       uint32_t a_post);
+                                                       uint32_t a_post, uint64_t* trace);
 
 struct LaunchArgs {
   GemmParams params;
