@@ -1,5 +1,5 @@
 """Timeline of one sm90 launch per shape from the kernel's own %globaltimer stamps (NVFP4_GEMM_SM90_TRACE):
-when CTAs start, when the first decoded-A slot is ready, how long each waits for its first stage, the MMA time per K tile,
+when the prepass runs, when CTAs start, how long each waits for its first stage, the MMA time per K tile,
 and what the epilogue (stores, split partials, fix-up) costs. Diagnostics for docs/SM90_NOTES.md.
 
   python benchmarks/sm90_trace.py [M,N,K ...]      (default: the seven Hopper targets at M <= 512)
@@ -25,35 +25,36 @@ def pct(xs, q):
 
 def analyse(header, rows):
     fields = dict(kv.split("=") for kv in header.split()[2:])
+    pre0, pre1 = (int(x) for x in fields["prepass"].split(","))
     t0 = min(r[0] for r in rows)
     us = lambda t: (t - t0) / 1000.0
-    seg_n = [r[9] for r in rows]
+    seg_n = [r[9] & 0xFF for r in rows]
     per_tile, epi_plain, epi_last, epi_pub, first = [], [], [], [], []
     ends = []
     for r, ns in zip(rows, seg_n):
         first.append(us(r[3]))
         end = 0
         for s in range(min(ns, 2)):
-            n_kt = r[11 + s]
+            n_kt = (r[9] >> (16 * (s + 1))) & 0xFFFF
             full, mma, epi = r[3 + 3 * s], r[4 + 3 * s], r[5 + 3 * s]
             if n_kt:
                 per_tile.append((mma - full) / 1000.0 / n_kt)
             d = (epi - mma) / 1000.0
             whole = n_kt == int(fields["ktiles"])
-            last = r[13 + s]
+            last = (r[9] >> (8 + s)) & 1
             (epi_plain if whole else epi_last if last else epi_pub).append(d)
             end = max(end, epi)
         ends.append(us(end))
     crit = max(range(len(rows)), key=lambda i: ends[i])
     r = rows[crit]
-    print(f"  CTA entry max {us(max(x[0] for x in rows)):5.2f} | "
-          f"first A slot decoded med {statistics.median(us(x[1]) for x in rows):5.2f} | "
+    print(f"  prepass {us(pre0):6.2f} .. {us(pre1):6.2f} | CTA entry max {us(max(x[0] for x in rows)):5.2f} | "
+          f"producer past dependency med {statistics.median(us(x[1]) for x in rows):5.2f} | "
           f"first stage full med {statistics.median(first):5.2f} max {max(first):5.2f}")
     print(f"  MMA per K tile us: med {statistics.median(per_tile):.3f} p10 {pct(per_tile, .1):.3f} "
           f"p90 {pct(per_tile, .9):.3f} | epilogue us: whole-tile med {pct(epi_plain, .5):.2f}, "
           f"publish med {pct(epi_pub, .5):.2f}, fix-up (last) med {pct(epi_last, .5):.2f} max {max(epi_last or [0]):.2f}")
     segs = " ".join(f"[full {us(r[3 + 3 * s]):.2f} mma {us(r[4 + 3 * s]):.2f} epi {us(r[5 + 3 * s]):.2f}]"
-                    for s in range(min(r[9], 2)))
+                    for s in range(min(r[9] & 0xFF, 2)))
     print(f"  end: med {statistics.median(ends):6.2f} max {max(ends):6.2f}; critical CTA {crit} (SM {r[10]}): {segs}")
 
 

@@ -9,23 +9,22 @@
 //  - KT: 256 where B bandwidth rules (M <= 64): 128-byte B row segments per stage instead of 64 (v2 at
 //    KT = 128 read B at 1.2-1.5 TB/s, half the copy rate), and half the barrier round trips per byte;
 //    128 at 128 / 256 tokens, where decoded A (tokens x KT x 2 bytes) would leave room for 2 stages only;
-//  - the pipeline depth: as many packed stages as fit in 227 KB next to the decoded-A ring.
+//  - the pipeline depth: as many stages as fit in 227 KB.
 // The grid (one CTA per tile, or a balanced split over whole waves) is chosen per problem at run time
 // (choose_grid in backend.cu), not per config.
 #pragma once
 
 #include <cstdint>
 
-// X(TOKENS, KT, STAGES, CTAS_PER_SM). STAGES = packed slots: 64 * KT (B) + TOKENS * KT / 2 (A) + 8 * KT
-// (B's scales) + 8 * KT per scale row block of A; plus adec_stages(TOKENS) decoded-A slots of TOKENS * KT * 2
-// (sm90_gemm.cuh). As many packed slots as fit in 227 KB. CTAS_PER_SM = 2 (M <= 16) measured no faster
-// at M = 1 and slower at M = 16 (docs/SM90_NOTES.md, v5), so every entry runs one CTA per SM.
+// X(TOKENS, KT, STAGES, CTAS_PER_SM). Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 64 * KT (packed B)
+// + 8 * KT (scales). CTAS_PER_SM = 2 (M <= 16) measured no faster at M = 1 and slower at M = 16
+// (docs/SM90_NOTES.md, v5), so every entry runs one CTA per SM.
 #define NVFP4_SM90_CONFIGS(X) \
   X(8, 256, 10, 1)            \
-  X(16, 256, 9, 1)            \
-  X(32, 256, 7, 1)            \
+  X(16, 256, 8, 1)            \
+  X(32, 256, 6, 1)            \
   X(64, 256, 4, 1)            \
-  X(128, 128, 7, 1)           \
+  X(128, 128, 5, 1)           \
   X(256, 128, 3, 1)
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory

@@ -1,6 +1,5 @@
 // Hopper fused NVFP4 GEMM: B (weights) decoded in registers and fed to register-sourced fp16 wgmma,
-// A (activations) decoded inside the kernel by producer warps into shared memory, where wgmma reads it.
-// Torch-free.
+// A (activations) decoded once per call by a prepass into fp16 and read by TMA. Torch-free.
 //
 // Roles are swapped against the usual GEMM: wgmma's M side is 64 rows of B per consumer warpgroup, its
 // N side is TOKENS rows of A, so C^T tiles come out of the accumulators. At M = 128 this keeps the MMA
@@ -14,20 +13,14 @@
 //    with at most 6 significant bits and at most 6 * 448 * 2^-14 = 0.164, so it is exact in fp16. The
 //    products of two are >= 2^-48, far above fp32's normal range, so the fp32 sums round exactly as the
 //    unscaled ones would; the epilogue multiplies the power of two back out together with alpha.
-//    By default 2^7 is folded into both operands' e4m3 scales (exact: 448 * 2^7 < 65504), so decoded
-//    values are e2m1 * e4m3 * 2^-7, mostly normal fp16, and the sums carry 2^-14. Measured (v4): the same
-//    speed as the plain 2^-14 decode, where most values are subnormal; NVFP4_GEMM_SM90_FOLD=0 selects it.
+//    By default a power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since
+//    448 * 2^7 < 65504; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most decoded values
+//    are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most values are
+//    subnormal; NVFP4_GEMM_SM90_FOLD=0 selects that one.
 //  - K order inside each 64-wide K block is permuted (the same way for A and B; a sum does not care):
-//    each consumer thread owns a whole 16-element scale group of its B row, so it loads 8 bytes and one
-//    scale byte per row per 64 K; the A decoders write decoded A in the matching order (permuted_k).
-//
-// Pipeline (per CTA; warpgroup 0 produces, warpgroups 1 and 2 consume):
-//  - warp 0, one thread: TMA of packed B, packed A and both operands' blocked scale atoms into a ring of
-//    STAGES packed slots (tma_full / pk_empty barriers). Everything it loads is the caller's data as mm
-//    received it; no other kernel runs first unless a split needs its arrival counters zeroed.
-//  - warps 1..3: decode the packed A of each slot into a ring of adec_stages() decoded-A slots (fp16,
-//    128-byte swizzle, the layout wgmma's shared-memory descriptor reads; adec_full / adec_empty).
-//  - consumers: decode B in registers and run wgmma with B from registers and A from shared memory.
+//    each thread owns a whole 16-element scale group of its B row, so it loads 8 bytes and one scale
+//    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below, and
+//    decode_a_kernel, which builds it from the same decode_word outputs).
 #pragma once
 
 #include <cuda.h>
@@ -43,7 +36,6 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include <type_traits>
 #include <utility>
 
 #include "common/problem.h"
@@ -51,29 +43,17 @@
 
 namespace nvfp4_gemm::sm90 {
 
-inline constexpr int kTileW = 128;       // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
-inline constexpr int kThreads = 384;     // producer warpgroup + 2 consumer warpgroups
-inline constexpr int kDecodeThreads = 96;  // producer warps 1..3 decode A
-inline constexpr int kAtom = static_cast<int>(kSfAtomBytes);  // 128 rows x 4 scales of the blocked layout
+inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
+inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
 
-// Shared memory: adec_stages() decoded-A slots, then STAGES packed slots, then the barriers.
-// Decoded A slot: [KT/64 blocks][TOKENS][64] fp16, 128-byte swizzle. Packed slot: B [128][KT/2] bytes
-// (64-byte swizzle for KT = 128, 128-byte for 256), A [TOKENS][KT/2] bytes (same swizzle), then the
-// KT/64 scale atoms of B's 128 rows and those of A's scale row blocks (two at 256 tokens).
-constexpr int adec_stages(int tokens) { return tokens >= 256 ? 2 : 3; }
-constexpr int adec_slot_bytes(int tokens, int kt) { return tokens * kt * 2; }
-constexpr int sfa_row_blocks(int tokens) { return tokens > 128 ? tokens / 128 : 1; }
-constexpr int b_bytes(int kt) { return kTileW * kt / 2; }
-constexpr int pa_offset(int kt) { return b_bytes(kt); }
-constexpr int sfb_offset(int tokens, int kt) { return pa_offset(kt) + tokens * kt / 2; }
-constexpr int sfa_offset(int tokens, int kt) { return sfb_offset(tokens, kt) + (kt / 64) * kAtom; }
-constexpr int packed_slot_bytes(int tokens, int kt) {
-  return sfa_offset(tokens, kt) + sfa_row_blocks(tokens) * (kt / 64) * kAtom;
+// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
+// for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
+constexpr int stage_a_bytes(int tokens, int kt) { return tokens * kt * 2; }
+constexpr int stage_b_bytes(int kt) { return kTileW * kt / 2; }
+constexpr int stage_bytes(int tokens, int kt) {
+  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt) + (kt / 64) * kSfAtomBytes;
 }
-constexpr int smem_bytes(int tokens, int kt, int stages) {
-  return adec_stages(tokens) * adec_slot_bytes(tokens, kt) + stages * packed_slot_bytes(tokens, kt) +
-         2 * (stages + adec_stages(tokens)) * 8 + 1024;
-}
+constexpr int smem_bytes(int tokens, int kt, int stages) { return stages * stage_bytes(tokens, kt) + 2 * stages * 8 + 1024; }
 
 // Logical K offset (0..63) inside a 64-K block of the element that wgmma step s (0..3) reads at
 // column j (0..15). Thread quad lane q holds scale group q; its two fp16x2 registers per row hold group
@@ -83,34 +63,34 @@ __host__ __device__ constexpr int permuted_k(int s, int j) {
 }
 
 struct GemmParams {
-  CUtensorMap tmap_a;     // packed A [rows][k/2] bytes, box {KT/2, TOKENS}, B's swizzle
-  CUtensorMap tmap_sfa;   // blocked scales of A as [half atoms][256] bytes, box {256, 2 * KT/64}
-  CUtensorMap tmap_b;     // packed B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
-  CUtensorMap tmap_sfb;   // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
+  CUtensorMap tmap_a;     // A_dec [rows][kp] fp16, box {64, TOKENS}, SWIZZLE_128B
+  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
+  CUtensorMap tmap_sf;    // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
+  const uint8_t* sfb;     // blocked scales of B
   const float* alpha;     // nullptr: 1
   void* c;                // output rows of this M chunk
   float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid > tiles
-  uint32_t* counters;     // [tiles] arrivals per tile, zeroed by zero_counters_kernel just before
+  uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
   int64_t ldc;
   int m, n, k;
   int sf_atoms_per_row;   // ceil(K/16 / 4)
-  int ktiles;             // ceil(K / KT)
+  int ktiles;             // ceil(K / 128)
   int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
   int64_t total;          // tiles * ktiles
-  uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (packed A is re-read by every B tile)
-  uint32_t fold;          // fp16x2 power of two folded into both operands' scales (see numerics above)
-  int vec_out;            // C's rows are 16-byte aligned: the epilogue stores 16-byte vectors
-  int wait_counters;      // the counters come from the kernel before (PDL): wait for it before arriving
-  float out_mult;         // 2^28 / (the folds squared): what the epilogue multiplies back
+  uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
+  uint32_t b_fold;        // fp16x2 power of two folded into B's scales (see numerics above)
+  int sf_bulk;            // 1: scales by cp.async.bulk (compute-sanitizer racecheck misreads it), 0: by TMA
+  float out_mult;         // 2^28 / (A's and B's folds): what the epilogue multiplies back
   OutDtype out_dtype;
   uint64_t* trace;        // nullptr, or kTraceSlots timestamps per CTA after kTraceHeader (see trace_at)
 };
 
 // Timeline trace (diagnostics only, NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
-// Per CTA: [0] entry, [1] first decoded-A slot ready (decoder warp 1), [2] consumers start, then per
-// segment s (two at most): [3 + 3s] first stage ready, [4 + 3s] MMA done, [5 + 3s] epilogue done;
-// [9] segment count, [10] SM id, [11 + s] K tiles of segment s, [13 + s] 1 if this CTA did its fix-up.
+// Header: [0] prepass start, [1] prepass end (latest block). Per CTA: [0] entry, [1] producer past the
+// grid dependency, [2] consumer past it, then per segment s (two at most): [3 + 3s] first stage full,
+// [4 + 3s] MMA done, [5 + 3s] epilogue done; [9] segment count | last-arriver bits << 8 | n_kt0 << 16 |
+// n_kt1 << 32; [10] SM id.
 inline constexpr int kTraceHeader = 16, kTraceSlots = 16;
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
@@ -166,195 +146,72 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
   return d.desc_;
 }
 
-// 16-byte chunk index XOR of a TMA-swizzled row of packed bytes: 64-byte rows (KT = 128, SWIZZLE_64B)
-// XOR chunk bits with address bits 7..8, 128-byte rows (KT = 256, SWIZZLE_128B) with bits 7..9.
-template <int KT>
-__device__ __forceinline__ int packed_swizzle(int row) {
-  return KT == 128 ? ((row >> 1) & 3) : (row & 7);
-}
-
-// Decodes token row r, 64-K block b of a packed slot into the decoded-A slot: 32 packed bytes and four
-// scales become eight 16-byte chunks; chunk v = 2s + h holds decode_word<s>(word h of scale group q) x
-// scale q for q = 0..3 (the order permuted_k describes), stored at chunk v ^ (r % 8) of the row
-// (128-byte swizzle). row_in_atom: r's row inside its scale row block(s).
-template <int TOKENS, int KT>
-__device__ __forceinline__ void decode_a_row(const uint8_t* pk, uint8_t* adec, int r, int b, int row_in_atom,
-                                             __half2 fold) {
-  const int swz = packed_swizzle<KT>(r);
-  const uint8_t* row = pk + pa_offset(KT) + r * (KT / 2);
-  const uint4 lo = *reinterpret_cast<const uint4*>(row + (((2 * b) ^ swz) << 4));
-  const uint4 hi = *reinterpret_cast<const uint4*>(row + (((2 * b + 1) ^ swz) << 4));
-  const uint32_t sw = *reinterpret_cast<const uint32_t*>(
-      pk + sfa_offset(TOKENS, KT) + ((row_in_atom / 128) * (KT / 64) + b) * kAtom + (row_in_atom % 32) * 16 +
-      ((row_in_atom % 128) / 32) * 4);
-  const __half2_raw s01r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw & 0xFFFF), __NV_E4M3);
-  const __half2_raw s23r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw >> 16), __NV_E4M3);
-  const __half2 s01 = __hmul2(*reinterpret_cast<const __half2*>(&s01r), fold);
-  const __half2 s23 = __hmul2(*reinterpret_cast<const __half2*>(&s23r), fold);
-  const __half2 sc0 = __low2half2(s01), sc1 = __high2half2(s01), sc2 = __low2half2(s23), sc3 = __high2half2(s23);
-  uint8_t* out = adec + b * (TOKENS * 128) + r * 128;
-  // Scale group q is bytes 8q..8q+7 of the block: words 2q (elements 0..7) and 2q + 1 (8..15).
-  auto put = [&](auto step, int h) {
-    constexpr int S = decltype(step)::value;
-    const int v = 2 * S + h;
-    *reinterpret_cast<uint4*>(out + ((v ^ (r & 7)) << 4)) =
-        make_uint4(hmul2_u32(decode_word<S>(h ? lo.y : lo.x), sc0), hmul2_u32(decode_word<S>(h ? lo.w : lo.z), sc1),
-                   hmul2_u32(decode_word<S>(h ? hi.y : hi.x), sc2), hmul2_u32(decode_word<S>(h ? hi.w : hi.z), sc3));
-  };
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    put(std::integral_constant<int, 0>{}, h);
-    put(std::integral_constant<int, 1>{}, h);
-    put(std::integral_constant<int, 2>{}, h);
-    put(std::integral_constant<int, 3>{}, h);
-  }
-}
-
-// Epilogue staging: a [tokens][128] tile of C in shared memory, rows of 128 * sizeof(T) bytes with their
-// 16-byte chunks XOR-swizzled by (token % 8), so that both the fragment-order writes and the row-order
-// reads are free of bank conflicts.
-template <typename T>
-__device__ __forceinline__ void stage_value(uint8_t* buf, int tok, int col, float v) {
-  constexpr int kRow = kTileW * static_cast<int>(sizeof(T));
-  const int byte = col * static_cast<int>(sizeof(T));
-  *reinterpret_cast<T*>(buf + tok * kRow + ((((byte >> 4) ^ (tok & 7))) << 4) + (byte & 15)) = convert_out<T>(v);
-}
-
-// One accumulator quad (B rows col0, col0 + 8 = C columns; tokens tok, tok + 1) into the staging tile.
-template <typename T>
-__device__ __forceinline__ void stage_quad(uint8_t* buf, int tok, int col0, float4 v, float scale) {
-  stage_value<T>(buf, tok, col0, v.x * scale);
-  stage_value<T>(buf, tok + 1, col0, v.y * scale);
-  stage_value<T>(buf, tok, col0 + 8, v.z * scale);
-  stage_value<T>(buf, tok + 1, col0 + 8, v.w * scale);
-}
-
-// Writes `rows` staged token rows to C (rows tok0.., columns n0..n0+127) by the 256 consumer threads:
-// 16-byte vectors along N (N % 8 == 0, so a vector is wholly inside C or wholly outside).
-template <typename T>
-__device__ __forceinline__ void copy_out(const GemmParams& p, const uint8_t* buf, int t, int rows, int tok0, int n0) {
-  constexpr int kRow = kTileW * static_cast<int>(sizeof(T));
-  constexpr int kChunks = kRow / 16;
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  for (int i = t; i < rows * kChunks; i += 256) {
-    const int r = i / kChunks, c = i % kChunks;
-    const int tok = tok0 + r, n = n0 + c * kPer;
-    if (tok >= p.m || n >= p.n) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(buf + r * kRow + ((c ^ (r & 7)) << 4));
-    T* dst = reinterpret_cast<T*>(p.c) + static_cast<int64_t>(tok) * p.ldc + n;
-    if (p.vec_out) {
-      *reinterpret_cast<uint4*>(dst) = v;
-    } else {
-      const T* src = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) dst[e] = src[e];
-    }
-  }
-}
-
-// Token rows of C the staging tile holds at once: all of them, except fp32 output at KT = 128 (two passes).
-template <typename T, int TOKENS, int SLOT_BYTES>
-inline constexpr int kStageTokens = TOKENS * 128 * static_cast<int>(sizeof(T)) <= SLOT_BYTES
-                                        ? TOKENS
-                                        : SLOT_BYTES / (128 * static_cast<int>(sizeof(T)));
-
-// A whole tile from the accumulators (acc: this thread's fragment, 4 values per 8 tokens) to C.
-template <typename T, int TOKENS, int SLOT_BYTES>
-__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[TOKENS / 2], uint8_t* buf, int t,
-                                           int row0, int tok0, int n0, float scale) {
-  constexpr int kCT = kStageTokens<T, TOKENS, SLOT_BYTES>;
-  const int q = t % 4;
-#pragma unroll
-  for (int pass = 0; pass < TOKENS / kCT; ++pass) {
-#pragma unroll
-    for (int xi = 0; xi < kCT / 8; ++xi) {
-      const int x = pass * kCT / 8 + xi;
-      stage_quad<T>(buf, 8 * xi + 2 * q, row0, make_float4(acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3]),
-                    scale);
-    }
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 1);
-    copy_out<T>(p, buf, t, kCT, tok0 + pass * kCT, n0);
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 1);
-  }
-}
-
-// The split fix-up: sums the tile's partials (slots src0 of CTA c_first, then the first slot of each CTA up
-// to c_last, in that order, so the result does not depend on which CTA arrives last) and writes C. Every
-// quad of one contributor is in flight at once (v3 waited one L2 round trip per quad and contributor).
-template <typename T, int TOKENS, int SLOT_BYTES>
-__device__ __forceinline__ void fixup_tile(const GemmParams& p, const float4* src0, int c_first, int c_last,
-                                           uint8_t* buf, int t, int row0, int tok0, int n0, float scale) {
-  constexpr int kCT = kStageTokens<T, TOKENS, SLOT_BYTES>;
-  constexpr int kChunk = kCT / 8 < 16 ? kCT / 8 : 16;
-  constexpr int64_t kSlotStride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
-  const int q = t % 4;
-#pragma unroll
-  for (int pass = 0; pass < TOKENS / kCT; ++pass) {
-#pragma unroll
-    for (int xc = 0; xc < kCT / 8; xc += kChunk) {
-      const int x0 = pass * kCT / 8 + xc;
-      float4 sum[kChunk];
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x) sum[x] = __ldcg(src0 + (x0 + x) * 256);
-      for (int c = c_first + 1; c <= c_last; ++c) {
-        const float4* src = p.partial + static_cast<int64_t>(c) * kSlotStride + t;
-        float4 v[kChunk];
-#pragma unroll
-        for (int x = 0; x < kChunk; ++x) v[x] = __ldcg(src + (x0 + x) * 256);
-#pragma unroll
-        for (int x = 0; x < kChunk; ++x) {
-          sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
-        }
-      }
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x) stage_quad<T>(buf, 8 * (xc + x) + 2 * q, row0, sum[x], scale);
-    }
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 1);
-    copy_out<T>(p, buf, t, kCT, tok0 + pass * kCT, n0);
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 1);
-  }
-}
-
 // Output scale: the power of two the decodes left in the sums (GemmParams::out_mult), times alpha.
 __device__ __forceinline__ float out_scale(const float* alpha, float out_mult) {
   return alpha ? out_mult * __ldg(alpha) : out_mult;
 }
 
+template <typename T>
+__device__ __forceinline__ void store_c(void* c, int64_t ldc, int m, int n, int rows_m, int cols_n, float v) {
+  if (m < rows_m && n < cols_n) reinterpret_cast<T*>(c)[static_cast<int64_t>(m) * ldc + n] = convert_out<T>(v);
+}
+
+// Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile; tokens m0, m0+1).
+__device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, float4 v, float scale) {
+  switch (p.out_dtype) {
+    case OutDtype::kFloat16:
+      store_c<__half>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
+      store_c<__half>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
+      store_c<__half>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
+      store_c<__half>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
+      break;
+    case OutDtype::kBFloat16:
+      store_c<__nv_bfloat16>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
+      store_c<__nv_bfloat16>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
+      store_c<__nv_bfloat16>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
+      store_c<__nv_bfloat16>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
+      break;
+    default:
+      store_c<float>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
+      store_c<float>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
+      store_c<float>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
+      store_c<float>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
+      break;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
-// The main kernel. grid = params.grid CTAs of 384 threads (see the pipeline above).
-// CTAS_PER_SM stays in the config key (and names); every entry runs one CTA per SM.
+// The main kernel. grid = params.grid CTAs of 384 threads: warpgroup 0 produces (one thread issues TMA),
+// warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
+// CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
+// decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(CTAS_PER_SM == 1, "one CTA per SM (the decoded-A and packed rings fill shared memory)");
-  static_assert(smem_bytes(TOKENS, KT, STAGES) + 1024 <= 233472,
+__global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
+  static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
-  constexpr int kAS = adec_stages(TOKENS);
-  constexpr int kABlock = TOKENS * 128;     // bytes of one 64-K block of decoded A
-  constexpr int kAdec = adec_slot_bytes(TOKENS, KT);
-  constexpr int kPacked = packed_slot_bytes(TOKENS, KT);
-  constexpr int kPackedBase = kAS * kAdec;
-  constexpr int kSfbOff = sfb_offset(TOKENS, KT), kSfaOff = sfa_offset(TOKENS, KT);
+  constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
+  constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
+  constexpr int kSfOff = kBOff + stage_b_bytes(KT);
+  constexpr int kStage = stage_bytes(TOKENS, KT);
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
   // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
-  constexpr int kAcc = TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1);
+  constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  using PlainBarrier = cutlass::arch::ClusterBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // Rounded up to 1024 bytes (the 128-byte swizzle's period) by adding to smem_raw, not through an integer
-  // round trip, so the compiler still knows every access is to shared memory (LDS / STS, not generic
-  // LD / ST, which cost more latency on each of the decode's loads).
+  // round trip, so the compiler still knows every access is to shared memory: LDS for the B fragments and
+  // scales instead of generic LD (v1..v7 compiled to generic loads; docs/SM90_NOTES.md, v9).
   uint8_t* smem = smem_raw + ((1024u - (cute::cast_smem_ptr_to_uint(smem_raw) & 1023u)) & 1023u);
-  uint64_t* tma_full = reinterpret_cast<uint64_t*>(smem + kPackedBase + STAGES * kPacked);
-  uint64_t* pk_empty = tma_full + STAGES;
-  uint64_t* adec_full = pk_empty + STAGES;
-  uint64_t* adec_empty = adec_full + kAS;
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + STAGES * kStage);
+  uint64_t* empty_bar = full_bar + STAGES;
   __shared__ int last_flag;
 
   const int wg = threadIdx.x / 128;
-  const int lane = threadIdx.x % 32;
   const int cta = blockIdx.x;
   const int u_begin = static_cast<int>(range_start(cta, p.total, p.grid));
   const int u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
@@ -367,102 +224,100 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       trace_at(p.trace, cta, 10, smid);
     }
     for (int s = 0; s < STAGES; ++s) {
-      Barrier::init(&tma_full[s], 1);
-      PlainBarrier::init(&pk_empty[s], 8);  // one arrive per consumer warp
-    }
-    for (int s = 0; s < kAS; ++s) {
-      PlainBarrier::init(&adec_full[s], kDecodeThreads / 32);  // one arrive per decoder warp
-      PlainBarrier::init(&adec_empty[s], 8);
+      Barrier::init(&full_bar[s], 1);
+      EmptyBarrier::init(&empty_bar[s], 8);  // one arrive per consumer warp
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<80>();  // the decoders need more than a TMA thread
-    if (threadIdx.x == 0 && u_end > u_begin) {  // TMA
+    if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0 && u_end > u_begin) {
       cute::prefetch_tma_descriptor(&p.tmap_a);
-      cute::prefetch_tma_descriptor(&p.tmap_sfa);
       cute::prefetch_tma_descriptor(&p.tmap_b);
-      cute::prefetch_tma_descriptor(&p.tmap_sfb);
-      int s = 0, phase = 0;
-      for (int u = u_begin; u < u_end; ++u) {
-        PlainBarrier::wait(&pk_empty[s], phase ^ 1);
+      cute::prefetch_tma_descriptor(&p.tmap_sf);
+      // Loads of B and its scales come from the caller's buffers, ready before this grid started; decoded
+      // A comes from the prepass, which this grid may overlap (programmatic dependent launch). So the
+      // first stages get their B loads, then the producer waits for the prepass, then issues their A.
+      auto load_b = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
-        const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
-        uint8_t* st = smem + kPackedBase + s * kPacked;
-        // Every box lands whole (TMA zero-fills what lies outside the tensor). The scale boxes always span
-        // kNB atoms; past K's end they hold the next row block's atoms (or zero fill after the last), which
-        // are never read: those blocks are skipped.
-        Barrier::arrive_and_expect_tx(&tma_full[s], kPacked);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sfb, &tma_full[s], p.hint_b, st + kSfbOff, 0,
-                                     (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &tma_full[s], p.hint_b, st, kt * (KT / 2), tile_w * kTileW);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &tma_full[s], p.hint_a, st + pa_offset(KT), kt * (KT / 2),
-                                     tile_t * TOKENS);
-        const int rb0 = tile_t * TOKENS / 128;
-#pragma unroll
-        for (int rb = 0; rb < sfa_row_blocks(TOKENS); ++rb)
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sfa, &tma_full[s], p.hint_a, st + kSfaOff + rb * kNB * kAtom, 0,
-                                       ((rb0 + rb) * p.sf_atoms_per_row + kNB * kt) * 2);
-        if (++s == STAGES) s = 0, phase ^= 1;
-      }
-    } else if (threadIdx.x >= 32) {  // decode A
-      const int d = threadIdx.x - 32;
-      const __half2 fold = *reinterpret_cast<const __half2*>(&p.fold);
-      int s = 0, phase = 0, as = 0, aphase = 0;
-      for (int u = u_begin; u < u_end; ++u) {
+        const int tile_w = tile % p.tiles_w;
+        // The scale box always spans kNB atoms; past K's end it holds the next row block's atoms (or TMA's
+        // zero fill after the last), which are never read: their blocks are skipped.
+        const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
+        uint8_t* st = smem + s * kStage;
+        if (p.sf_bulk) {  // v3 path, kept selectable: a plain bulk copy of the atoms that exist
+          const int sf_atoms = min(kNB, p.sf_atoms_per_row - kNB * kt);
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + sf_atoms * kSfAtomBytes);
+          cute::SM90_BULK_COPY_G2S::copy(
+              p.sfb + (static_cast<int64_t>(tile_w) * p.sf_atoms_per_row + kNB * kt) * kSfAtomBytes, &full_bar[s],
+              st + kSfOff, sf_atoms * kSfAtomBytes);
+        } else {
+          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
+        }
+        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
+      };
+      auto load_a = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
         const int tile_t = tile / p.tiles_w;
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
-        Barrier::wait(&tma_full[s], phase);
-        PlainBarrier::wait(&adec_empty[as], aphase ^ 1);
-        const uint8_t* pk = smem + kPackedBase + s * kPacked;
-        uint8_t* ad = smem + as * kAdec;
-        const int atom_row0 = (tile_t * TOKENS) % 128;
-        for (int x = d; x < TOKENS * a_blocks; x += kDecodeThreads)
-          decode_a_row<TOKENS, KT>(pk, ad, x % TOKENS, x / TOKENS, atom_row0 + x % TOKENS, fold);
-        cutlass::arch::fence_view_async_shared();  // generic-proxy stores -> wgmma's async-proxy reads
-        __syncwarp();
-        if (lane == 0) PlainBarrier::arrive(&adec_full[as]);
-        if (p.trace && u == u_begin && threadIdx.x == 32) trace_at(p.trace, cta, 1, global_ns());
+        uint8_t* st = smem + s * kStage;
+        for (int b = 0; b < a_blocks; ++b)
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], p.hint_a, st + b * kABytes, kt * KT + 64 * b, tile_t * TOKENS);
+      };
+      const int pre = min(STAGES, u_end - u_begin);
+      for (int x = 0; x < pre; ++x) load_b(u_begin + x, x);
+      cudaGridDependencySynchronize();
+      if (p.trace) trace_at(p.trace, cta, 1, global_ns());
+      for (int x = 0; x < pre; ++x) load_a(u_begin + x, x);
+      int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
+      for (int u = u_begin + pre; u < u_end; ++u) {
+        EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
+        load_b(u, s);
+        load_a(u, s);
         if (++s == STAGES) s = 0, phase ^= 1;
-        if (++as == kAS) as = 0, aphase ^= 1;
       }
     }
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<208>();  // 128 x 80 + 256 x 208 <= 64K
+  if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<232>();
+  cudaGridDependencySynchronize();  // the split counters are zeroed by the prepass
   const int t = threadIdx.x - 128;        // 0..255 over both consumer warpgroups
-  const bool trace = p.trace && t == 0;
-  if (trace) trace_at(p.trace, cta, 2, global_ns());
+  uint64_t* const trace = t == 0 ? p.trace : nullptr;
+  uint64_t trace_info = 0;
+  if (trace) trace_at(trace, cta, 2, global_ns());
+  const int lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int row0 = (t / 32) * 16 + g;      // CTA-local B row; row0 + 8 is the other
   const int row1 = row0 + 8;
-  // Packed-B byte offsets inside a slot for this thread's 8-byte group, undoing TMA's swizzle: the
-  // 16-byte chunk 2 j + q / 2 of the row is stored at (2 j + q / 2) ^ swizzle = (2 j) ^ bx.
-  const uint32_t brow0 = row0 * (KT / 2) + (q & 1) * 8, brow1 = row1 * (KT / 2) + (q & 1) * 8;
-  const int bx0 = packed_swizzle<KT>(row0) ^ (q / 2);
-  const int bx1 = packed_swizzle<KT>(row1) ^ (q / 2);
-  const uint32_t sfoff0 = kSfbOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
-  const uint32_t sfoff1 = kSfbOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
+  // Packed-B byte offsets inside a stage for this thread's 8-byte group, undoing TMA's swizzle: the
+  // 16-byte chunk index XORs with address bits 7..8 (SW64, 64-byte rows) or 7..9 (SW128, 128-byte rows).
+  const uint32_t brow0 = kBOff + row0 * (KT / 2) + (q & 1) * 8, brow1 = kBOff + row1 * (KT / 2) + (q & 1) * 8;
+  const int bx0 = (KT == 128 ? ((row0 >> 1) & 3) : (row0 & 7)) ^ (q / 2);
+  const int bx1 = (KT == 128 ? ((row1 >> 1) & 3) : (row1 & 7)) ^ (q / 2);
+  const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
+  const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
-  const __half2 fold = *reinterpret_cast<const __half2*>(&p.fold);
+  const __half2 b_fold = *reinterpret_cast<const __half2*>(&p.b_fold);
 
   float acc[kAcc][TOKENS / 2];
   uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
 
-  // Decodes 64-K block j of packed slot s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
+  // Decodes 64-K block j of stage s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
   // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
   auto decode = [&](uint32_t(&fr)[16], int s, int j) {
-    const uint8_t* st = smem + kPackedBase + s * kPacked;
+    const uint8_t* st = smem + s * kStage;
+    // 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2) of the row, XORed with the swizzle bits; bx holds both.
     const uint2 w0 = *reinterpret_cast<const uint2*>(st + brow0 + (((2 * j) ^ bx0) << 4));
     const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
-    const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kAtom]) |
-                        static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kAtom]) << 8);
+    const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
+                        static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(sc, __NV_E4M3);
-    const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+    const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), b_fold);
     const __half2 s0 = __low2half2(s2), s1 = __high2half2(s2);
     fr[0] = hmul2_u32(decode_word<0>(w0.x), s0);
     fr[1] = hmul2_u32(decode_word<1>(w0.x), s0);
@@ -487,12 +342,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
       for (int i = 0; i < TOKENS / 2; ++i) cute::warpgroup_fence_operand(acc[a][i]);
   };
-  auto issue = [&](uint32_t(&fr)[16], int as, int j) {
+  auto issue = [&](uint32_t(&fr)[16], int s, int j) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) cute::warpgroup_fence_operand(fr[i]);
     fence_acc();
     cute::warpgroup_arrive();
-    const uint64_t desc = sw128_desc(smem_base + as * kAdec + j * kABlock);
+    const uint64_t desc = sw128_desc(smem_base + s * kStage + j * kABytes);
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const uint32_t a[4] = {fr[step], fr[4 + step], fr[8 + step], fr[12 + step]};
@@ -501,21 +356,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     cute::warpgroup_commit_batch();
     fence_acc();
   };
-  auto arrive = [&](uint64_t* bar) {
+  auto release = [&](int s) {
     __syncwarp();
-    if (lane == 0) PlainBarrier::arrive(bar);
-  };
-  // Pipeline stage i (continuous over this CTA's segments) sits in packed slot i % STAGES and decoded-A
-  // slot i % kAS; slots and phases are recomputed from i where needed (fewer live registers at 256 tokens).
-  auto wait_stage = [&](int i) {
-    Barrier::wait(&tma_full[i % STAGES], (i / STAGES) & 1);
-    PlainBarrier::wait(&adec_full[i % kAS], (i / kAS) & 1);
+    if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
   };
 
   const float scale = out_scale(p.alpha, p.out_mult);
-  int i = 0;
+  int i = 0;  // pipeline position, continuous over this CTA's segments
   int seg = 0;
-  bool counters_ready = !p.wait_counters;
   for (int u = u_begin; u < u_end; ++seg) {
     const int tile = u / p.ktiles;
     const int kt0 = u % p.ktiles;
@@ -525,45 +373,46 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[a][x] = 0.0f;
 
-    wait_stage(i);
-    if (trace && seg < 2) trace_at(p.trace, cta, 3 + 3 * seg, global_ns());
-    decode(fr0, i % STAGES, 0);
-    for (int j = 0; j < n_kt; ++j, ++i) {
+    int s = i % STAGES, phase = (i / STAGES) & 1;
+    Barrier::wait(&full_bar[s], phase);
+    if (trace && seg < 2) trace_at(trace, cta, 3 + 3 * seg, global_ns());
+    decode(fr0, s, 0);
+    for (int j = 0; j < n_kt; ++j) {
       // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB).
       const int nblk = min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
+      const int s_next = s + 1 == STAGES ? 0 : s + 1;
+      const int phase_next = s + 1 == STAGES ? phase ^ 1 : phase;
 #pragma unroll
       for (int blk = 0; blk < kNB; ++blk) {
         if (blk < nblk) {
-          uint32_t(&fcur)[16] = (blk % 2 == 0) ? fr0 : fr1;
-          uint32_t(&fnxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
-          issue(fcur, i % kAS, blk);
+          uint32_t(&cur)[16] = (blk % 2 == 0) ? fr0 : fr1;
+          uint32_t(&nxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
+          issue(cur, s, blk);
           cute::warpgroup_wait<1>();  // block blk - 1 is done: its registers and (blk 0) its stage are free
 #pragma unroll
-          for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(fnxt[x]);
-          if (blk == 0 && j > 0) {
-            arrive(&pk_empty[(i - 1) % STAGES]);
-            arrive(&adec_empty[(i - 1) % kAS]);
-          }
+          for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
+          if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
           if (blk + 1 < nblk) {
-            decode(fnxt, i % STAGES, blk + 1);
+            decode(nxt, s, blk + 1);
           } else if (j + 1 < n_kt) {
-            wait_stage(i + 1);
-            decode(fnxt, (i + 1) % STAGES, 0);
+            Barrier::wait(&full_bar[s_next], phase_next);
+            decode(nxt, s_next, 0);
           }
         }
       }
+      s = s_next;
+      phase = phase_next;
     }
     cute::warpgroup_wait<0>();
     fence_acc();
-    arrive(&pk_empty[(i - 1) % STAGES]);
-    // The segment's last decoded-A slot stays ours until the epilogue has used it as its staging tile.
-    const int last_as = (i - 1) % kAS;
-    uint8_t* const stage_buf = smem + last_as * kAdec;
+    release(s == 0 ? STAGES - 1 : s - 1);
     if (trace && seg < 2) {
-      trace_at(p.trace, cta, 4 + 3 * seg, global_ns());
-      trace_at(p.trace, cta, 9, seg + 1);
-      trace_at(p.trace, cta, 11 + seg, n_kt);
+      trace_at(trace, cta, 4 + 3 * seg, global_ns());
+      trace_info = (trace_info & ~uint64_t{0xFF}) | static_cast<uint64_t>(seg + 1);
+      trace_info |= static_cast<uint64_t>(n_kt) << (16 * (seg + 1));
+      trace_at(trace, cta, 9, trace_info);
     }
+    i += n_kt;
     u += n_kt;
 #pragma unroll
     for (int a = 1; a < kAcc; ++a)
@@ -571,16 +420,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
 
     const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
-    const int tok0 = tile_t * TOKENS, n0 = tile_w * kTileW;
+    const int n0 = tile_w * kTileW + row0;
     if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
-      if (p.out_dtype == OutDtype::kFloat16)
-        store_tile<__half, TOKENS, kAdec>(p, acc[0], stage_buf, t, row0, tok0, n0, scale);
-      else if (p.out_dtype == OutDtype::kBFloat16)
-        store_tile<__nv_bfloat16, TOKENS, kAdec>(p, acc[0], stage_buf, t, row0, tok0, n0, scale);
-      else
-        store_tile<float, TOKENS, kAdec>(p, acc[0], stage_buf, t, row0, tok0, n0, scale);
-      arrive(&adec_empty[last_as]);
-      if (trace && seg < 2) trace_at(p.trace, cta, 5 + 3 * seg, global_ns());
+#pragma unroll
+      for (int x = 0; x < TOKENS / 8; ++x)
+        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q,
+                   make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]), scale);
+      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
     // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals.
@@ -589,10 +435,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     for (int x = 0; x < TOKENS / 8; ++x)
       __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
     __threadfence();
-    if (!counters_ready) {  // zeroed by the kernel before this one (programmatic dependent launch)
-      cudaGridDependencySynchronize();
-      counters_ready = true;
-    }
     cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
     const int64_t first_u = static_cast<int64_t>(tile) * p.ktiles;
     const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
@@ -600,37 +442,53 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (t == 0) last_flag = atomicAdd(&p.counters[tile], 1u) == static_cast<uint32_t>(c_last - c_first);
     cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
     if (!last_flag) {
-      arrive(&adec_empty[last_as]);
-      if (trace && seg < 2) trace_at(p.trace, cta, 5 + 3 * seg, global_ns());
+      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
-    if (trace && seg < 2) trace_at(p.trace, cta, 13 + seg, 1);
+    if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
     __threadfence();
-    // Our own partial is read back like the others, which frees the accumulators for the loads.
+    // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
+    // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
+    // frees the accumulators for the loads.
+    const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
     // CTA c_first holds the tile's first units in its second slot unless its range starts inside the
     // tile (then its first); every later CTA of the tile starts inside it, so uses its first slot.
     const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 +
                                       (tile - static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles))) *
                                          (TOKENS / 8) * 256 + t;
-    if (p.out_dtype == OutDtype::kFloat16)
-      fixup_tile<__half, TOKENS, kAdec>(p, src0, c_first, c_last, stage_buf, t, row0, tok0, n0, scale);
-    else if (p.out_dtype == OutDtype::kBFloat16)
-      fixup_tile<__nv_bfloat16, TOKENS, kAdec>(p, src0, c_first, c_last, stage_buf, t, row0, tok0, n0, scale);
-    else
-      fixup_tile<float, TOKENS, kAdec>(p, src0, c_first, c_last, stage_buf, t, row0, tok0, n0, scale);
-    arrive(&adec_empty[last_as]);
-    if (trace && seg < 2) trace_at(p.trace, cta, 5 + 3 * seg, global_ns());
+    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
+#pragma unroll
+    for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
+      float4 sum[kChunk];
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x) sum[x] = __ldcg(src0 + (x0 + x) * 256);
+      for (int c = c_first + 1; c <= c_last; ++c) {
+        const float4* src = p.partial + static_cast<int64_t>(c) * slot_stride + t;
+        float4 v[kChunk];
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) v[x] = __ldcg(src + (x0 + x) * 256);
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) {
+          sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < kChunk; ++x) store_quad(p, n0, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
+    }
+    if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
   }
 }
 
-// Zeroes the split arrival counters of the GEMM that follows on the stream, which may start as soon as
-// this grid does (it waits for this one's writes before its first arrival).
-__global__ void zero_counters_kernel(uint32_t* counters, int n);
+// The A prepass (backend.cu): A_dec [rows][kp] fp16 in the order the B fragments use; zeroes `counters`.
+__global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict__ a, int64_t lda,
+                                                       const uint8_t* __restrict__ sfa, int row_begin, int rows,
+                                                       int k, int sf_atoms_per_row, __half* __restrict__ out,
+                                                       int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
+                                                       uint32_t a_post, uint64_t* trace);
 
 struct LaunchArgs {
   GemmParams params;
   cudaStream_t stream;
-  bool pdl;  // the kernel before on the stream is zero_counters_kernel (programmatic dependent launch)
 };
 
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
@@ -639,6 +497,8 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
+  // so barrier setup, descriptor prefetch and the first B loads overlap it.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(args.params.grid);
   cfg.blockDim = dim3(kThreads);
@@ -648,7 +508,7 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = args.pdl ? 1 : 0;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>, args.params);
 }
 
