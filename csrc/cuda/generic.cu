@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "common/convert_out.cuh"
+
 namespace nvfp4_gemm::generic {
 namespace {
 
@@ -27,13 +29,6 @@ __device__ __forceinline__ float e4m3_value(uint8_t bits) {
   return static_cast<float>(v);
 }
 
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
 // One thread per 16-element scale group: 8 packed bytes in, one scale, 32 bytes out.
 template <typename T>
 __global__ void decode_kernel(const uint8_t* __restrict__ packed, int64_t ld_bytes,
@@ -50,7 +45,7 @@ __global__ void decode_kernel(const uint8_t* __restrict__ packed, int64_t ld_byt
   for (int i = 0; i < kSfVecSize; ++i) {
     // Element 2j sits in the low nibble of byte j (SPEC.md).
     const uint32_t code = (words[i / 8] >> (4 * (i % 8))) & 0xF;
-    vals[i] = from_float<T>(e2m1_value(code) * scale);  // exact: the product fits T's significand
+    vals[i] = convert_out<T>(e2m1_value(code) * scale);  // exact: the product fits T's significand
   }
   uint4* dst = reinterpret_cast<uint4*>(out + r * k + s * kSfVecSize);
   dst[0] = reinterpret_cast<const uint4*>(vals)[0];

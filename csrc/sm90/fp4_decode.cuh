@@ -1,4 +1,4 @@
-// The FP4 decode and the output conversion shared by the sm90 kernels (the wgmma kernel in sm90_gemm.cuh
+// The FP4 decode shared by the sm90 kernels (the wgmma kernel in sm90_gemm.cuh
 // and the small-M streaming kernel in sm90_small_m.cuh): the one place where e2m1 bits become fp16.
 #pragma once
 
@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "common/convert_out.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -24,14 +26,5 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, __half2 s) {
   __half2 h = __hmul2(*reinterpret_cast<__half2*>(&x), s);
   return *reinterpret_cast<uint32_t*>(&h);
 }
-
-template <typename T>
-__device__ __forceinline__ T convert_out(float v);
-template <>
-__device__ __forceinline__ __half convert_out<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 convert_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ float convert_out<float>(float v) { return v; }
 
 }  // namespace nvfp4_gemm::sm90

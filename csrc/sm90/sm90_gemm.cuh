@@ -156,27 +156,20 @@ __device__ __forceinline__ void store_c(void* c, int64_t ldc, int m, int n, int 
   if (m < rows_m && n < cols_n) reinterpret_cast<T*>(c)[static_cast<int64_t>(m) * ldc + n] = convert_out<T>(v);
 }
 
-// Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile; tokens m0, m0+1).
+// Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile; tokens m0, m0+1) as T.
+template <typename T>
+__device__ __forceinline__ void store_quad_as(const GemmParams& p, int n0, int m0, float4 v, float scale) {
+  store_c<T>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
+  store_c<T>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
+  store_c<T>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
+  store_c<T>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
+}
+
 __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, float4 v, float scale) {
   switch (p.out_dtype) {
-    case OutDtype::kFloat16:
-      store_c<__half>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
-      store_c<__half>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
-      store_c<__half>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
-      store_c<__half>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
-      break;
-    case OutDtype::kBFloat16:
-      store_c<__nv_bfloat16>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
-      store_c<__nv_bfloat16>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
-      store_c<__nv_bfloat16>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
-      store_c<__nv_bfloat16>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
-      break;
-    default:
-      store_c<float>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
-      store_c<float>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
-      store_c<float>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
-      store_c<float>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
-      break;
+    case OutDtype::kFloat16: store_quad_as<__half>(p, n0, m0, v, scale); break;
+    case OutDtype::kBFloat16: store_quad_as<__nv_bfloat16>(p, n0, m0, v, scale); break;
+    default: store_quad_as<float>(p, n0, m0, v, scale); break;
   }
 }
 
