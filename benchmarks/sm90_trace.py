@@ -47,7 +47,7 @@ def analyse(header, rows):
         ends.append(us(end))
     crit = max(range(len(rows)), key=lambda i: ends[i])
     r = rows[crit]
-    print(f"  prepass {us(pre0):6.2f} .. {us(pre1):6.2f} | CTA entry max {us(max(x[0] for x in rows)):5.2f} | "
+    print(f"  prepass blocks start {us(pre0):6.2f} .. {us(pre1):6.2f} | CTA entry max {us(max(x[0] for x in rows)):5.2f} | "
           f"producer past dependency med {statistics.median(us(x[1]) for x in rows):5.2f} | "
           f"first stage full med {statistics.median(first):5.2f} max {max(first):5.2f}")
     print(f"  MMA per K tile us: med {statistics.median(per_tile):.3f} p10 {pct(per_tile, .1):.3f} "

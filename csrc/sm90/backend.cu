@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                                                        int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
                                                        uint32_t a_post, uint64_t* trace) {
   cudaTriggerProgrammaticLaunchCompletion();  // the GEMM may launch now; it waits for our writes itself
-  if (trace && threadIdx.x == 0) {  // diagnostics: first block's start, latest block's end (approximately)
+  if (trace && threadIdx.x == 0) {  // diagnostics: when the first and the last block start
     if (blockIdx.x == 0) trace[0] = global_ns();
     atomicMax(reinterpret_cast<unsigned long long*>(trace + 1), static_cast<unsigned long long>(global_ns()));
   }

@@ -87,7 +87,7 @@ struct GemmParams {
 };
 
 // Timeline trace (diagnostics only, NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
-// Header: [0] prepass start, [1] prepass end (latest block). Per CTA: [0] entry, [1] producer past the
+// Header: [0] prepass start, [1] start of its last block. Per CTA: [0] entry, [1] producer past the
 // grid dependency, [2] consumer past it, then per segment s (two at most): [3 + 3s] first stage full,
 // [4 + 3s] MMA done, [5 + 3s] epilogue done; [9] segment count | last-arriver bits << 8 | n_kt0 << 16 |
 // n_kt1 << 32; [10] SM id.
