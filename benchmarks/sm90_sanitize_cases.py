@@ -27,9 +27,11 @@ for m, n, k in shapes:
         os.environ["NVFP4_GEMM_SM90_SPLITS"] = splits
         check(m, n, k, splits)
         check(m, n, k, splits, torch.float16)  # the epilogue stages fp16 and fp32 tiles differently
-# The small-M configs forced (the t32 one is not selected; M = 40 runs as several launches), with a split.
+# Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
+# 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
 os.environ["NVFP4_GEMM_SM90_SPLITS"] = "3"
-forced = [c for c in nvfp4_gemm.configs()["sm90"] if "_b2_" in c or "_smallm_" in c]
+forced = [c for c in nvfp4_gemm.configs()["sm90"]
+          if "_b2_" in c or "_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32))]
 for cfg in forced:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:

@@ -129,7 +129,7 @@ def _small_m_configs():
 
 
 def test_small_m_sweep(monkeypatch):
-    """The small-M streaming kernel (sm90_small_m.cuh): automatic selection (M = 1) and every small-M
+    """The small-M streaming kernel (sm90_small_m.cuh): automatic selection (M <= 32) and every small-M
     config forced, on random M <= 40 (past a config's TOKENS it runs in several launches), N up to 8192,
     K up to 16384 (K/16 % 4 != 0 and K % 256 != 0 included), random split counts."""
     rng = random.Random(7)
@@ -142,8 +142,8 @@ def test_small_m_sweep(monkeypatch):
         alpha = rng.choice([None, 0.5, -2.0])
         cfg = rng.choice([None] + _small_m_configs())
         splits = rng.choice([None, "1", "2", "3", "7"])
-        if cfg is None and m > 16:
-            m = rng.randint(1, 16)
+        if cfg is None and m > 32:
+            m = rng.randint(1, 32)
         monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
         monkeypatch.delenv("NVFP4_GEMM_SM90_SPLITS", raising=False)
         if cfg:
@@ -160,13 +160,13 @@ def test_small_m_sweep(monkeypatch):
 
 
 def test_small_m_is_selected():
-    """M = 1 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M to
-    a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process: the flag is read once)."""
+    """M <= 32 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M
+    to a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process: the flag is read once)."""
     import subprocess
     import sys
 
     code = ("import torch, nvfp4_gemm\n"
-            "for m in (1, 8, 16, 17):\n"
+            "for m in (1, 8, 16, 17, 32, 33):\n"
             "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda')\n"
             "    b = torch.randint(0, 256, (1024, 2048), dtype=torch.uint8, device='cuda')\n"
             "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
@@ -178,9 +178,9 @@ def test_small_m_is_selected():
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
     picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in lines}
-    assert "_smallm_" in picked[1], picked
-    for m in (8, 16, 17):
-        assert "_smallm_" not in picked[m], picked
+    for m in (1, 8, 16, 17, 32):
+        assert "_smallm_" in picked[m], picked
+    assert "_smallm_" not in picked[33], picked
 
 
 def test_large_m_goes_generic_unless_forced():

@@ -195,6 +195,13 @@ void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
 }
 
+// Zeroes the small-M kernel's split counters. It lets that kernel launch at once (programmatic dependent
+// launch): the GEMM waits for this grid only right before it counts its first arrival.
+__global__ void zero_counters_kernel(uint32_t* counters, int n) {
+  cudaTriggerProgrammaticLaunchCompletion();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
+}
+
 // Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
 struct SmallMPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
@@ -207,10 +214,12 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.row_blocks = static_cast<int>(ceil_div(p.n, kSmallRows));
   pl.kblocks = static_cast<int>(ceil_div(p.k, kSmallKBlock));
   const int64_t slot_bytes = int64_t{kSmallRows} * c.tokens * 4;  // one CTA's fp32 partial tile
-  // Two CTAs per SM (the launch bound) in one wave, each with at most KBMAX K blocks: with DEPTH blocks in
-  // flight per lane that is 2 x 8 warps x DEPTH x 2 KB of B requested per SM, several times Little's
-  // law's ~24 KB (3 TB/s x ~1 us / 132 SMs). More K per CTA only when the wave is full anyway.
-  int64_t kb = std::clamp<int64_t>(ceil_div(static_cast<int64_t>(pl.row_blocks) * pl.kblocks, 2ll * sms), 1, c.kt);
+  // One wave of two CTAs per SM (the launch bound) where N allows: as many K splits as fit next to the row
+  // blocks, so every CTA streams a long K range (a CTA's fixed costs, the A decode and the split fix-up,
+  // are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per CTA at
+  // what keeps decoded A small enough for two CTAs per SM.
+  const int64_t splits_fit = std::max<int64_t>(1, 2ll * sms / pl.row_blocks);
+  int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, c.kt);
   if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // tests and benchmarks: a forced split count
     const int forced = std::atoi(env);
     if (forced >= 1) kb = ceil_div(pl.kblocks, forced);
@@ -272,6 +281,14 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
+    if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
+      zero_counters_kernel<<<1, 256, 0, stream>>>(sp.counters, pl.row_blocks);
+      const cudaError_t z = cudaGetLastError();
+      if (z != cudaSuccess) {
+        if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", c.name, cudaGetErrorString(z));
+        return false;
+      }
+    }
     const cudaError_t e = kSmallMLaunch[config - kNumWgmma](l);
     if (e != cudaSuccess) {
       if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", c.name, cudaGetErrorString(e));
@@ -314,8 +331,8 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                       static_cast<long long>(limit));
       return false;
     }
-    if (reinterpret_cast<uintptr_t>(p->sfb) % 4 != 0) {
-      set_msg(why, why_len, "sm90: sfb must be 4-byte aligned (32-bit scale loads)");
+    if (reinterpret_cast<uintptr_t>(p->sfa) % 2 != 0 || reinterpret_cast<uintptr_t>(p->sfb) % 2 != 0) {
+      set_msg(why, why_len, "sm90: sfa and sfb must be 2-byte aligned (16-bit scale loads)");
       return false;
     }
     if (p->n > (int64_t{1} << 30) || p->m > (int64_t{1} << 31) || p->k > (int64_t{1} << 30)) {

@@ -29,20 +29,21 @@
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
 // through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH): TOKENS = 8 x n-tiles;
-// KBMAX = the most 256-K blocks per CTA the automatic split picks (more K per CTA = fewer fp32 partials
-// to write and re-read; decoded A in shared memory is KB x TOKENS x 576 bytes); DEPTH = K blocks of B
+// KBMAX = the most 256-K blocks per CTA the automatic split picks (decoded A in shared memory is
+// KB x TOKENS x 576 bytes; these keep it under ~113 KB, so two CTAs share an SM); DEPTH = K blocks of B
 // in flight per lane (18 registers each).
 #define NVFP4_SM90_SMALL_M_CONFIGS(X) \
-  X(8, 8, 4)                          \
-  X(16, 8, 4)                         \
-  X(32, 4, 3)
+  X(8, 24, 4)                         \
+  X(16, 12, 4)                        \
+  X(32, 6, 3)
 
 namespace nvfp4_gemm::sm90 {
 
-// select() takes the small-M kernel up to this M: where it measured faster (docs/SM90_NOTES.md, v6, H200):
-// M = 1 42.0 vs 43.0 us at (7168, 16384), 18.1 vs 21.5 us at (4096, 7168); M = 8 47.1 vs 43.2, M = 16
-// 22.2 vs 22.3, M = 32 29.8 vs 23.6 (slower or equal there: the t8/t16/t32 entries stay forceable).
-inline constexpr int kSmallMMaxM = 1;
+// select() takes the small-M kernel up to this M, where it measured faster than the wgmma config of the same
+// token tile (docs/SM90_NOTES.md, v10; H100, do_bench us, small-M vs wgmma): (1, 7168, 16384) 42.3 vs 45.7,
+// (8, 7168, 16384) 42.8 vs 45.0, (16, 4096, 7168) 21.8 vs 24.1, (32, 4096, 7168) 23.7 vs 25.2,
+// (1, 4096, 7168) 20.4 vs 23.4.
+inline constexpr int kSmallMMaxM = 32;
 
 // Automatic dispatch hands M >= this to the generic path (decode + cuBLAS), which measured faster there
 // on the H100 (benchmarks/RESULTS.md, commit 71a8664): M = 2304 (N 4608, K 7168) 259.7 us generic vs

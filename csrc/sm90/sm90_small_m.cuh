@@ -1,9 +1,9 @@
 // Hopper NVFP4 GEMM for small M (a few tokens): a bandwidth-bound stream of packed B through registers
 // into mma.sync m16n8k16 (fp16 operands, fp32 accumulation). Torch-free.
 //
-// Why not the wgmma kernel: at M <= 16 the work is reading B (N x K/2 bytes + scales) once; the wgmma
-// kernel moves B through TMA -> shared memory -> registers behind an mbarrier ring and reached 48% of the
-// copy rate at M = 1 (docs/SM90_NOTES.md). Here every lane loads its B bytes straight from global memory
+// Why not the wgmma kernel: at M <= 32 the work is mostly reading B (N x K/2 bytes + scales) once; the
+// wgmma kernel moves B through TMA -> shared memory -> registers behind an mbarrier ring, and measured 4-13%
+// slower than this kernel there (configs.h kSmallMMaxM, docs/SM90_NOTES.md). Here every lane loads its B bytes straight from global memory
 // with 16-byte non-allocating loads, issued for DEPTH K blocks ahead, and decodes them into the A
 // fragments of mma.sync; no producer warp, no barrier per stage, no prepass.
 //
@@ -11,21 +11,25 @@
 // CTA = 8 warps x 16 B rows = 128 rows (one row block of the scale layout); grid = row blocks x K splits.
 //
 // K permutation (the same for both operands, so the dot products are unchanged): K is cut into blocks of
-// 256. In a block, lane (g, tig) of a warp owns K elements [64 tig, 64 tig + 64) of rows g and g + 8 of
-// the warp's 16: 32 contiguous bytes per row (two 16-byte loads) and one 32-bit word of scales per row
-// (the 4 scale groups of those 64 K are the 4 bytes of one blocked-layout word). Word i (0..7) of those
-// 32 bytes feeds MMA steps 2i and 2i+1: step 2i + h takes decode_word<2h> as the k = 2tig, 2tig+1 pair and
-// decode_word<2h+1> as k = 2tig+8, 2tig+9. The activations are decoded once per CTA into shared memory in
-// the matching order: for (block, token t, tig), 8 chunks of 16 bytes, chunk i = the four decode_word
-// outputs of A's word i, so one 16-byte shared load gives the B fragments {b0, b1} of two steps.
+// 256 (128 bytes per row). In a block, lane (g, tig) of a warp owns bytes [16 tig, 16 tig + 16) and
+// [64 + 16 tig, 64 + 16 tig + 16) of rows g and g + 8 of the warp's 16, i.e. K [32 tig, 32 tig + 32) and
+// [128 + 32 tig, 128 + 32 tig + 32): each 16-byte load instruction of the warp covers 8 rows x 64 whole
+// bytes (two full 32-byte sectors per row), and each half is two scale groups, one 16-bit pair of the
+// blocked layout. Word i (0..7) of the lane's 32 bytes of a row feeds MMA steps 2i and 2i+1: step 2i + h
+// takes decode_word<2h> as the k = 2tig, 2tig+1 pair and decode_word<2h+1> as k = 2tig+8, 2tig+9. The
+// activations are decoded once per CTA into shared memory in the matching order: for (block, token t,
+// tig), 8 chunks of 16 bytes, chunk i = the four decode_word outputs of the A word at the same K as the
+// lane's B word i, so one 16-byte shared load gives the B fragments {b0, b1} of two steps.
 //
 // Numerics as in sm90_gemm.cuh: B decodes to e2m1 * e4m3 * 2^-7 (2^7 folded into the scale), A to
 // e2m1 * e4m3 exactly; both exact in fp16, products exact in fp32; the epilogue multiplies by 2^7 * alpha
 // and rounds once to the output type.
 //
-// Split-K: each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of a row block
-// to arrive (atomic counter, zeroed on the stream before the launch) sums the splits in split order and
-// writes C, so the result does not depend on timing.
+// Split-K: the grid is one wave (row blocks x splits <= 2 CTAs per SM) whenever N allows, so no CTA waits
+// behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
+// a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
+// not depend on timing. The counters are zeroed by a one-block kernel that this grid overlaps through
+// programmatic dependent launch; a CTA waits for it only just before it counts its arrival.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -80,10 +84,10 @@ struct SmallMLaunch {
   cudaStream_t stream;
 };
 
-// One K block of B for one lane: rows g and g + 8, 32 bytes each, and their scale words.
+// One K block of B for one lane: rows g and g + 8, two 16-byte halves each, and their scale pairs.
 struct BBlock {
-  uint4 r[4];  // r[0], r[1]: row g bytes 0..15, 16..31; r[2], r[3]: row g + 8
-  uint32_t s[2];
+  uint4 r[4];     // r[0], r[1]: row g, bytes [16 tig, +16) and [64 + 16 tig, +16); r[2], r[3]: row g + 8
+  uint32_t s[2];  // row g, row g + 8: the scale bytes of groups 2 tig, 2 tig + 1, 8 + 2 tig, 9 + 2 tig
 };
 
 // B is read exactly once: keep it out of L1 (the scales and A use it).
@@ -95,28 +99,31 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   return v;
 }
 
+// The two scale bytes of groups (2 c, 2 c + 1) of a 256-K block for the row at byte offset sf_row_off of
+// its atom: atom column 4 kblk + c / 2, bytes 2 (c % 2) and 2 (c % 2) + 1 (SPEC.md's blocked layout).
+__device__ __forceinline__ uint32_t ld_scale_pair(const uint8_t* sf, int64_t sf_rb_base, int kblk, int c,
+                                                  int sf_row_off) {
+  const uint8_t* q = sf + (sf_rb_base + kblk * 4 + c / 2) * kSfAtomBytes + sf_row_off + 2 * (c % 2);
+  return __ldg(reinterpret_cast<const uint16_t*>(q));
+}
+
 __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, int row, int sf_row_off, int sf_row_off8,
                                             int64_t sf_rb_base, int kblk, int tig) {
-  const int kel = kblk * kSmallKBlock + tig * 64;
-  const uint8_t* src = p.b + static_cast<int64_t>(row) * p.ldb + kel / 2;
+  const int kel = kblk * kSmallKBlock + tig * 32;
+  const uint8_t* src = p.b + static_cast<int64_t>(row) * p.ldb + kblk * (kSmallKBlock / 2) + tig * 16;
   const bool r0 = row < p.n, r1 = row + 8 < p.n;
-  // K % 32 == 0: each 16-byte half (32 K) is wholly inside K or wholly past it.
-  const bool h0 = kel < p.k, h1 = kel + 32 < p.k;
+  // K % 32 == 0: each 16-byte half (32 K) is wholly inside K or wholly past it; inside K its scale atom
+  // exists. Rows past N are inside the layout's 128-row padding (zero bytes) and their loads are skipped.
+  const bool h0 = kel < p.k, h1 = kel + 128 < p.k;
   const uint4 z = make_uint4(0, 0, 0, 0);
   bb.r[0] = (r0 && h0) ? ld_stream(src) : z;
-  bb.r[1] = (r0 && h1) ? ld_stream(src + 16) : z;
+  bb.r[1] = (r0 && h1) ? ld_stream(src + 64) : z;
   bb.r[2] = (r1 && h0) ? ld_stream(src + 8 * p.ldb) : z;
-  bb.r[3] = (r1 && h1) ? ld_stream(src + 8 * p.ldb + 16) : z;
-  // Scale atom column kblk * 4 + tig holds this lane's 4 groups; past ceil(K/64) atoms it does not exist.
-  // Rows past N are inside the layout's 128-row padding (zero bytes).
-  const int ac = kblk * 4 + tig;
-  if (ac < p.sf_atoms) {
-    const uint8_t* s = p.sfb + (sf_rb_base + ac) * kSfAtomBytes;
-    bb.s[0] = __ldg(reinterpret_cast<const uint32_t*>(s + sf_row_off));
-    bb.s[1] = __ldg(reinterpret_cast<const uint32_t*>(s + sf_row_off8));
-  } else {
-    bb.s[0] = bb.s[1] = 0;
-  }
+  bb.r[3] = (r1 && h1) ? ld_stream(src + 8 * p.ldb + 64) : z;
+  bb.s[0] = (h0 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, tig, sf_row_off) : 0u) |
+            (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off) << 16 : 0u);
+  bb.s[1] = (h0 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, tig, sf_row_off8) : 0u) |
+            (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
 }
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -186,34 +193,68 @@ __global__ void __launch_bounds__(kSmallThreads, 2) small_m_kernel(const __grid_
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
   const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
 
-  // B loads first: DEPTH blocks per lane are in flight while the CTA decodes A.
+  // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
+  // and K past the end are zeros. One thread per 16-byte chunk of A (32 K, two scale groups): chunk c of a
+  // block is the lane-tig = c % 4 half c / 4 of the permutation above. A batch's loads are all issued
+  // before its first decode (one round trip per batch, not per chunk); the first batch goes out ahead of
+  // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
+  constexpr int kBatch = 4;
+  const int per_token = nkb * 8, n_chunks = TOKENS * per_token;
+  uint4 aw[kBatch];
+  uint32_t asp[kBatch];
+  auto load_a = [&](int base) {
+#pragma unroll
+    for (int x = 0; x < kBatch; ++x) {
+      const int idx = base + x * kSmallThreads;
+      const int t = idx / per_token, rem = idx - t * per_token;
+      const int blk = rem >> 3, c = rem & 7;
+      const int kg = (kb0 + blk) * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128;
+      aw[x] = make_uint4(0, 0, 0, 0);
+      asp[x] = 0;
+      if (idx < n_chunks && t < p.m && kg < p.k) {
+        aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
+        const int r = p.sfa_row0 + t;  // SPEC.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
+        asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kb0 + blk, (c & 3) + 4 * (c >> 2),
+                               (r % 32) * 16 + ((r % 128) / 32) * 4);
+      }
+    }
+  };
+  auto store_a = [&](int base) {
+    const __half2 fold = __half2half2(__ushort_as_half(0x5800));  // 128, twice: see the numerics note
+#pragma unroll
+    for (int x = 0; x < kBatch; ++x) {
+      const int idx = base + x * kSmallThreads;
+      if (idx >= n_chunks) break;
+      const int t = idx / per_token, rem = idx - t * per_token;
+      const int blk = rem >> 3, c = rem & 7;
+      const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(asp[x]), __NV_E4M3);
+      const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+      const __half2 s_lo = __low2half2(s2), s_hi = __high2half2(s2);
+      const uint32_t words[4] = {aw[x].x, aw[x].y, aw[x].z, aw[x].w};
+      uint8_t* dst = smem + ((blk * TOKENS + t) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64;
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const __half2 sc = v < 2 ? s_lo : s_hi;  // words 0, 1: group 2 c; words 2, 3: group 2 c + 1
+        *reinterpret_cast<uint4*>(dst + v * 16) =
+            make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(words[v]), sc), fold),
+                       hmul2_u32(hmul2_u32(decode_word<1>(words[v]), sc), fold),
+                       hmul2_u32(hmul2_u32(decode_word<2>(words[v]), sc), fold),
+                       hmul2_u32(hmul2_u32(decode_word<3>(words[v]), sc), fold));
+      }
+    }
+  };
+  load_a(tid);
+
+  // Then B: DEPTH blocks per lane are in flight while the CTA decodes A.
   BBlock buf[DEPTH];
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d)
     if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
 
-  // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
-  // and K past the end are zeros. One thread per 32-bit word of A: a warp reads 128 contiguous bytes.
-  {
-    const int words_per_token = nkb * 32;
-    const __half2 fold = __half2half2(__ushort_as_half(0x5800));  // 128, twice: see the numerics note
-    for (int idx = tid; idx < TOKENS * words_per_token; idx += kSmallThreads) {
-      const int t = idx / words_per_token, rem = idx - t * words_per_token;
-      const int blk = rem >> 5, tg = (rem >> 3) & 3, i = rem & 7;
-      const int kg = (kb0 + blk) * kSmallKBlock + tg * 64 + i * 8;
-      uint4 out = make_uint4(0, 0, 0, 0);
-      if (t < p.m && kg < p.k) {
-        const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
-        const int r = p.sfa_row0 + t, sc = kg / 16;  // SPEC.md's blocked offset (blocked_sf_offset)
-        const uint8_t sb = __ldg(p.sfa + (static_cast<int64_t>(r / 128) * p.sf_atoms + sc / 4) * kSfAtomBytes +
-                                 (r % 32) * 16 + ((r % 128) / 32) * 4 + sc % 4);
-        const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sb), __NV_E4M3);
-        const __half2 s = __hmul2(__half2half2(*reinterpret_cast<const __half*>(&sr)), fold);
-        out = make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w), s), fold), hmul2_u32(hmul2_u32(decode_word<1>(w), s), fold),
-                         hmul2_u32(hmul2_u32(decode_word<2>(w), s), fold), hmul2_u32(hmul2_u32(decode_word<3>(w), s), fold));
-      }
-      *reinterpret_cast<uint4*>(smem + ((blk * TOKENS + t) * 4 + tg) * kSmallTigBytes + i * 16) = out;
-    }
+  store_a(tid);
+  for (int base = tid + kBatch * kSmallThreads; base < n_chunks; base += kBatch * kSmallThreads) {
+    load_a(base);
+    store_a(base);
   }
   __syncthreads();
 
@@ -237,26 +278,42 @@ __global__ void __launch_bounds__(kSmallThreads, 2) small_m_kernel(const __grid_
     for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
     __threadfence();
     __syncthreads();
+    cudaGridDependencySynchronize();  // the counters are zeroed by the kernel launched before this one
     if (tid == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    // Split order, whatever the arrival order: bitwise the same result on every call.
-    const float4* base = p.partial + (static_cast<int64_t>(rb) * p.splits * 8 + warp) * NT * 32;
+    // Split order, whatever the arrival order: bitwise the same result on every call. The partials of
+    // kBatch splits are loaded before any is added, so the sum waits one L2 round trip per batch.
+    constexpr int kBatch = 16 / NT;
+    const float4* base = p.partial + (static_cast<int64_t>(rb) * p.splits * 8 + warp) * NT * 32 + lane;
+    const int64_t split_stride = 8 * NT * 32;
+    float4 sum[NT];
+    for (int q0 = 0; q0 < p.splits; q0 += kBatch) {
+      float4 v[kBatch][NT];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (q0 + b < p.splits) v[b][j] = __ldcg(base + (q0 + b) * split_stride + j * 32);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (q0 + b >= p.splits) continue;
+          if (q0 + b == 0) {
+            sum[j] = v[b][j];
+          } else {
+            sum[j].x += v[b][j].x; sum[j].y += v[b][j].y; sum[j].z += v[b][j].z; sum[j].w += v[b][j].w;
+          }
+        }
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      float4 s = __ldcg(base + j * 32 + lane);
-      for (int q = 1; q < p.splits; ++q) {
-        const float4 v = __ldcg(base + static_cast<int64_t>(q) * 8 * NT * 32 + j * 32 + lane);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-      }
-      acc[j][0] = s.x;
-      acc[j][1] = s.y;
-      acc[j][2] = s.z;
-      acc[j][3] = s.w;
+      acc[j][0] = sum[j].x;
+      acc[j][1] = sum[j].y;
+      acc[j][2] = sum[j].z;
+      acc[j][3] = sum[j].w;
     }
   }
 
@@ -281,12 +338,19 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
   if (attr != cudaSuccess) return attr;
-  if (l.params.splits > 1) {
-    const cudaError_t e = cudaMemsetAsync(l.params.counters, 0, sizeof(uint32_t) * l.row_blocks, l.stream);
-    if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
+  cfg.blockDim = dim3(kSmallThreads);
+  cfg.dynamicSmemBytes = l.smem;
+  cfg.stream = l.stream;
+  cudaLaunchAttribute attr_pdl[1];
+  if (l.params.splits > 1) {  // the counters' zeroing kernel (run_small_m) precedes this grid on the stream
+    attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr_pdl;
+    cfg.numAttrs = 1;
   }
-  kernel<<<dim3(l.row_blocks, l.params.splits), kSmallThreads, l.smem, l.stream>>>(l.params);
-  return cudaGetLastError();
+  return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 
 }  // namespace nvfp4_gemm::sm90
