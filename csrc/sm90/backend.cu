@@ -22,7 +22,7 @@ namespace nvfp4_gemm::sm90 {
 #define NVFP4_SM90_EXTERN(T, KT, S, B) extern template cudaError_t launch_gemm<T, KT, S, B>(const LaunchArgs&);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
-#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D) extern template cudaError_t launch_small_m<T, KB, D>(const SmallMLaunch&);
+#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B) extern template cudaError_t launch_small_m<T, KB, D, B>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
 
@@ -35,13 +35,13 @@ constexpr LaunchFn kLaunch[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
 using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
-#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D) &launch_small_m<T, KB, D>,
+#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B) &launch_small_m<T, KB, D, B>,
 constexpr SmallMLaunchFn kSmallMLaunch[] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
 #undef NVFP4_SM90_SMALL_M_LAUNCH
 static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
-#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D) NVFP4_SM90_SMALL_M_NAME(T, KB, D),
+#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B),
 constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
                                             NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)};
 #undef NVFP4_SM90_NAME_ENTRY
@@ -214,11 +214,11 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.row_blocks = static_cast<int>(ceil_div(p.n, kSmallRows));
   pl.kblocks = static_cast<int>(ceil_div(p.k, kSmallKBlock));
   const int64_t slot_bytes = int64_t{kSmallRows} * c.tokens * 4;  // one CTA's fp32 partial tile
-  // One wave of two CTAs per SM (the launch bound) where N allows: as many K splits as fit next to the row
-  // blocks, so every CTA streams a long K range (a CTA's fixed costs, the A decode and the split fix-up,
-  // are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per CTA at
-  // what keeps decoded A small enough for two CTAs per SM.
-  const int64_t splits_fit = std::max<int64_t>(1, 2ll * sms / pl.row_blocks);
+  // One wave of ctas_per_sm CTAs per SM (the launch bound) where N allows: as many K splits as fit next to
+  // the row blocks, so every CTA streams a long K range (a CTA's fixed costs, the A decode and the split
+  // fix-up, are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per
+  // CTA at what keeps decoded A small enough for that many CTAs per SM.
+  const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, c.kt);
   if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // tests and benchmarks: a forced split count
     const int forced = std::atoi(env);

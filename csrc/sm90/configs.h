@@ -28,21 +28,23 @@
   X(256, 128, 3, 1)
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
-// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH): TOKENS = 8 x n-tiles;
+// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH, CTAS): TOKENS = 8 x n-tiles;
 // KBMAX = the most 256-K blocks per CTA the automatic split picks (decoded A in shared memory is
-// KB x TOKENS x 576 bytes; these keep it under ~113 KB, so two CTAs share an SM); DEPTH = K blocks of B
-// in flight per lane (18 registers each).
+// KB x TOKENS x 576 bytes, kept small enough for CTAS CTAs per SM); DEPTH = K blocks of B in flight per lane
+// (18 registers each); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3).
+// Measured (H100, docs/SM90_NOTES.md v10): 8 tokens, 3 CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us at
+// (1, 7168, 16384)) and 4 of DEPTH 1 (42.2); 16 tokens, 2 CTAs of DEPTH 4 beat 3 (22.0 vs 22.5) and 4 (24.4).
 #define NVFP4_SM90_SMALL_M_CONFIGS(X) \
-  X(8, 24, 4)                         \
-  X(16, 12, 4)                        \
-  X(32, 6, 3)
+  X(8, 16, 2, 3)                      \
+  X(16, 12, 4, 2)                     \
+  X(32, 6, 3, 2)
 
 namespace nvfp4_gemm::sm90 {
 
 // select() takes the small-M kernel up to this M, where it measured faster than the wgmma config of the same
-// token tile (docs/SM90_NOTES.md, v10; H100, do_bench us, small-M vs wgmma): (1, 7168, 16384) 42.3 vs 45.7,
-// (8, 7168, 16384) 42.8 vs 45.0, (16, 4096, 7168) 21.8 vs 24.1, (32, 4096, 7168) 23.7 vs 25.2,
-// (1, 4096, 7168) 20.4 vs 23.4.
+// token tile (docs/SM90_NOTES.md, v10; H100, do_bench us, small-M vs wgmma): (1, 7168, 16384) 40.7 vs 45.6,
+// (8, 7168, 16384) 41.0 vs 45.2, (16, 4096, 7168) 22.0 vs 24.2, (32, 4096, 7168) 23.8 vs 25.2,
+// (1, 4096, 7168) 19.6 vs 23.4.
 inline constexpr int kSmallMMaxM = 32;
 
 // Automatic dispatch hands M >= this to the generic path (decode + cuBLAS), which measured faster there
@@ -62,9 +64,9 @@ struct KernelConfig {
 };
 
 #define NVFP4_SM90_NAME(T, KT, S, B) "sm90_nvfp4_w128xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
-#define NVFP4_SM90_SMALL_M_NAME(T, KB, D) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_mma16816"
+#define NVFP4_SM90_SMALL_M_NAME(T, KB, D, B) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_b" #B "_mma16816"
 #define NVFP4_SM90_ENTRY(T, KT, S, B) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B), Kind::kWgmma, T, KT, S, B},
-#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D), Kind::kSmallM, T, KB, D, 2},
+#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D, B) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D, B), Kind::kSmallM, T, KB, D, B},
 // wgmma entries first, then the small-M ones: indices are what select / run / NVFP4_GEMM_CONFIG use.
 inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)
                                                 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_ENTRY)};

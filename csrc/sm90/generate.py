@@ -19,7 +19,7 @@ def configs():
 def small_m_configs():
     text = open(os.path.join(HERE, "configs.h")).read()
     block = re.search(r"#define NVFP4_SM90_SMALL_M_CONFIGS\(X\)(.*?)\n\n", text, re.S).group(1)
-    return [tuple(int(v) for v in x) for x in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+)\)", block)]
+    return [tuple(int(v) for v in x) for x in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)]
 
 
 def name(tokens, kt, stages, ctas_per_sm):
@@ -47,9 +47,9 @@ def main():
     for t, kt, s, b in configs():
         write(name(t, kt, s, b) + ".cu", "sm90_gemm.cuh",
               f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}>(const LaunchArgs&);")
-    for t, kb, d in small_m_configs():
-        write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_mma16816.cu", "sm90_small_m.cuh",
-              f"template cudaError_t launch_small_m<{t}, {kb}, {d}>(const SmallMLaunch&);")
+    for t, kb, d, b in small_m_configs():
+        write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_mma16816.cu", "sm90_small_m.cuh",
+              f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}>(const SmallMLaunch&);")
     for fn in os.listdir(out):
         if fn.endswith(".cu") and fn not in wanted:
             os.remove(os.path.join(out, fn))

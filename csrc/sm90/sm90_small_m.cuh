@@ -25,7 +25,7 @@
 // e2m1 * e4m3 exactly; both exact in fp16, products exact in fp32; the epilogue multiplies by 2^7 * alpha
 // and rounds once to the output type.
 //
-// Split-K: the grid is one wave (row blocks x splits <= 2 CTAs per SM) whenever N allows, so no CTA waits
+// Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
 // behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
 // a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
 // not depend on timing. The counters are zeroed by a one-block kernel that this grid overlaps through
@@ -177,8 +177,8 @@ __device__ __forceinline__ void store_small(const SmallMParams& p, int token, in
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
 }
 
-template <int TOKENS, int KBMAX, int DEPTH>
-__global__ void __launch_bounds__(kSmallThreads, 2) small_m_kernel(const __grid_constant__ SmallMParams p) {
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS>
+__global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __grid_constant__ SmallMParams p) {
   static_assert(TOKENS % 8 == 0 && TOKENS <= 32, "n-tiles of 8 tokens, up to 4");
   constexpr int NT = TOKENS / 8;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -333,9 +333,9 @@ __global__ void __launch_bounds__(kSmallThreads, 2) small_m_kernel(const __grid_
   }
 }
 
-template <int TOKENS, int KBMAX, int DEPTH>
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
-  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH>;
+  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
