@@ -37,6 +37,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cute/arch/mma_sm80.hpp>
+
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 
@@ -90,7 +92,8 @@ struct BBlock {
   uint32_t s[2];  // row g, row g + 8: the scale bytes of groups 2 tig, 2 tig + 1, 8 + 2 tig, 9 + 2 tig
 };
 
-// B is read exactly once: keep it out of L1 (the scales and A use it).
+// B is read exactly once: keep it out of L1 (the scales and A use it). PTX here because no CuTe copy atom
+// carries the L1::no_allocate hint.
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -126,12 +129,10 @@ __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, i
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
 }
 
+// One m16n8k16 step on the tensor cores (CuTe's SM80 atom; Hopper runs it as HMMA.16816).
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  cute::SM80_16x8x16_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0, b1, d[0], d[1], d[2], d[3]);
 }
 
 // Scale word (4 e4m3 bytes) -> {s0, s0}, {s1, s1}, ... fp16x2, times the 2^7 fold.
