@@ -434,7 +434,8 @@ def quantize_model(
             accumulator = _methods_module().HessianAccumulator
             for group in _gptq_groups(targets):
                 if bar is not None:
-                    bar.set_postfix_str(f"calibrating {group[0][0]}")
+                    last = f" .. {group[-1][0]}" if len(group) > 1 else ""
+                    bar.set_postfix_str(f"gptq: {group[0][0]}{last}")
                 hessians = {name: accumulator(mod.in_features, mod.weight.device) for name, mod in group}
                 amax, seen = _calibrate(model, group, calibrate, static, hessians)
                 unseen = [name for name, _ in group if name not in seen]
