@@ -1,11 +1,16 @@
 """nvfp4_gemm.mm against reference_mm on generated cases, for every backend available here."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import zlib
+
 import pytest
 import torch
 
 import nvfp4_gemm
-from nvfp4_gemm.testing import Case, check_against_reference, make_inputs, poison_cuda_allocator
+from nvfp4_gemm.testing import Case, case_seed, check_against_reference, make_inputs, poison_cuda_allocator
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -35,13 +40,43 @@ CASES = [
 ]
 
 
+def case_inputs(case: Case, device) -> dict:
+    """The case's data: its seed is a digest of the case id (see test_case_data_is_the_same_in_every_process)."""
+    return make_inputs(case, device, seed=case_seed(case))
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_mm_matches_reference(backend, case):
-    _, device = backend
-    inputs = make_inputs(case, device, seed=hash(case.id) % 2**31)
+    name, device = backend
+    seed = case_seed(case)
+    inputs = case_inputs(case, device)
     poison_cuda_allocator(case.m * case.n * torch.finfo(case.out_dtype).bits // 8, device)
     out = nvfp4_gemm.mm(**inputs)
-    check_against_reference(out, inputs)
+    check_against_reference(out, inputs, f"backend {name}, case {case.id}, replay with "
+                                         f"make_inputs(case, {str(device)!r}, seed={seed})")
+
+
+def _inputs_digest(case: Case) -> int:
+    inputs = case_inputs(case, "cpu")
+    digest = 0
+    for key in ("a", "b", "sfa", "sfb"):
+        digest = zlib.crc32(inputs[key].contiguous().view(torch.uint8).numpy().tobytes(), digest)
+    return digest
+
+
+def test_case_data_is_the_same_in_every_process():
+    """A case's data depends on the case only: another process (another string-hash seed, as each Python
+    process gets) generates the same bytes, so a failure seen once replays anywhere."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    picked = (CASES[0], CASES[9], CASES[-1])
+    code = (f"import sys; sys.path.insert(0, {here!r})\n"
+            "import test_mm\n"
+            f"print([test_mm._inputs_digest(test_mm.CASES[i]) for i in (0, 9, {len(CASES) - 1})])\n")
+    other = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"  # this process's is random, or not 1
+    env = dict(os.environ, PYTHONHASHSEED=other)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == str([_inputs_digest(c) for c in picked])
 
 
 def test_empty_m_gives_empty_result(backend):
