@@ -104,7 +104,6 @@ def _driver_version() -> str:
 
 def selftest() -> int:
     import importlib.metadata
-    import os.path
 
     from . import __file__ as pkg_file
 
