@@ -131,7 +131,8 @@ def selftest() -> int:
         why = ("torch has no CUDA" if torch.version.cuda is None else
                "no CUDA device visible (torch.cuda.is_available() is False: no GPU, or a driver too old for "
                f"CUDA {torch.version.cuda})")
-        cuda_backends = [b for b in inf["backends"] if b != "cpu"]
+        cuda_backends = [f"{b} ({len(v['configs'])} config{'s' * (len(v['configs']) != 1)})"
+                         for b, v in inf["backends"].items() if b != "cpu"]
         skipped.append(f"{', '.join(cuda_backends) or 'CUDA backends (not in this build)'}: {why}")
     rows = []
     for dev in devices:
