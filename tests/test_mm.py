@@ -121,3 +121,38 @@ def test_output_rounded_once_from_fp32_accumulation(backend):
     out = nvfp4_gemm.mm(a, b, nvfp4_gemm.to_blocked(sfa).to(device), nvfp4_gemm.to_blocked(sfb).to(device))
     assert out[0, 0].item() == 1024.0  # 1024.5 ties to even
     assert out[1, 0].item() == 1025.0  # 1025 exact
+
+
+def test_the_checker_rejects_what_spec_rejects():
+    """nvfp4_gemm.testing.Reference (SPEC.md's bound) on hand-made outputs: the reference rounded once
+    passes; one element off by twice its bound, a NaN where the reference has none, or a finite value where
+    even |ref| - bound overflows fails; inf or a value within the bound where only |ref| + bound overflows
+    passes."""
+    from nvfp4_gemm.testing import Reference
+
+    case = Case(7, 64, 96)
+    inputs = make_inputs(case, "cpu", seed=case_seed(case))
+    ref = Reference(inputs)
+    good = ref.ref.to(torch.float16)
+    assert ref.ratio(good)[0] <= 1.0
+    off = good.clone()
+    off[3, 5] = float(ref.ref[3, 5] + 2 * ref.bound[3, 5])
+    assert ref.ratio(off)[0] > 1.0 and "worst at (3, 5)" in ref.ratio(off)[1]
+    nan = good.clone()
+    nan[0, 0] = float("nan")
+    assert ref.ratio(nan)[0] == float("inf") and "NaN mismatch" in ref.ratio(nan)[1]
+
+    # fp16 overflows from 65520 on. Row 0: well past it; row 1: within the bound of it.
+    edge = Reference(inputs)
+    edge.ref[0, 0], edge.bound[0, 0] = 70000.0, 40.0
+    edge.ref[1, 0], edge.bound[1, 0] = 65510.0, 40.0
+    out = edge.ref.to(torch.float16)
+    out[1, 0] = 65504.0
+    assert edge.ratio(out)[0] <= 1.0
+    out[1, 0] = float("inf")
+    assert edge.ratio(out)[0] <= 1.0
+    out[1, 0] = float("-inf")
+    assert edge.ratio(out)[0] > 1.0
+    out[1, 0] = 65504.0
+    out[0, 0] = 65504.0
+    assert edge.ratio(out)[0] == float("inf") and "should overflow to inf" in edge.ratio(out)[1]
