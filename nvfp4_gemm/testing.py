@@ -78,13 +78,18 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
 
 class Reference:
     """SPEC.md's reference for one set of inputs, computed once (float64 decode and sum on `device`, default
-    the inputs' device) so that many outputs (configs, devices, repeated calls) are checked against it."""
+    the inputs' device) so that many outputs (configs, devices, repeated calls) are checked against it.
+    sfa None is the weight-only form: a holds float activations [M, K], taken exactly."""
 
     def __init__(self, inputs: dict, device: str | torch.device | None = None):
         a, b, sfa, sfb, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "alpha", "out_dtype"))
         dev = torch.device(device) if device is not None else a.device
-        k = a.shape[1] * 2
-        ad = dequantize(a.to(dev), sfa.to(dev), k, torch.float64)
+        if sfa is None:  # weight-only: float activations [M, K], exact in float64
+            k = a.shape[1]
+            ad = a.to(dev, torch.float64)
+        else:
+            k = a.shape[1] * 2
+            ad = dequantize(a.to(dev), sfa.to(dev), k, torch.float64)
         bd = dequantize(b.to(dev), sfb.to(dev), k, torch.float64)
         al = 1.0 if alpha is None else float(alpha.reshape(()))
         self.m, self.n, self.out_dtype, self.device = a.shape[0], b.shape[0], dt, dev
