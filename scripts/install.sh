@@ -197,7 +197,16 @@ fi
 
 # --- Install -----------------------------------------------------------------------------------------
 if [ -n "$TORCH_INSTALL" ]; then
+  # pip treats an installed 2.11.0+cpu as satisfying torch==2.11.0: remove the old build first.
+  if [ -n "$TORCH_NOW" ]; then
+    "$PY" -m pip uninstall -y -q torch
+  fi
   "$PY" -m pip install -q "$TORCH_INSTALL"
+  if [ "$WITH_CUDA" = 1 ]; then
+    GOT=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda or "none")')
+    [ "${GOT##* }" != none ] && [ "$(echo "${GOT##* }" | cut -d. -f1)" = "$NVCC_MAJOR" ] ||
+      die "installed torch $GOT, which does not match nvcc $NVCC_VERSION; install a torch built for CUDA $NVCC_MAJOR and rerun"
+  fi
 fi
 "$PY" -m pip install -q "nvidia-cutlass==4.2.0.0" ninja pybind11 pytest wheel \
   nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
