@@ -35,9 +35,13 @@ die() {
 
 # --- What this machine has -------------------------------------------------------------------------
 # The toolkit torch's build will use: CUDA_HOME if set, else /usr/local/cuda, else nvcc on PATH.
+NVCC_WHERE="/usr/local/cuda/bin and PATH"
 NVCC=""
 if [ -n "${CUDA_HOME:-}" ]; then
-  [ -x "$CUDA_HOME/bin/nvcc" ] && NVCC="$CUDA_HOME/bin/nvcc"
+  NVCC_WHERE="CUDA_HOME=$CUDA_HOME"
+  if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+    NVCC="$CUDA_HOME/bin/nvcc"
+  fi
 elif [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
   NVCC="$CUDA_HOME/bin/nvcc"
@@ -76,7 +80,7 @@ fi
 
 # --- Decisions -------------------------------------------------------------------------------------
 if [ -n "$GPUS" ] && [ -z "$NVCC" ] && [ "$CPU_ONLY" != 1 ]; then
-  die "a GPU is visible but there is no nvcc (CUDA_HOME=${CUDA_HOME:-unset}, /usr/local/cuda, PATH): the build
+  die "a GPU is visible but there is no nvcc (looked in $NVCC_WHERE): the build
   would contain the CPU backend only and never use the GPU. Install the CUDA 13.0 toolkit (nvcc) and set
   CUDA_HOME to it, then rerun; or set NVFP4_GEMM_CPU_ONLY=1 to build the CPU backend on purpose."
 fi
