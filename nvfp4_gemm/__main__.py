@@ -121,6 +121,11 @@ def selftest() -> int:
     print(f"  modules    loaded {', '.join(inf['modules'])}; failed to load: "
           f"{json.dumps(inf['modules_failed_to_load']) if inf['modules_failed_to_load'] else 'none'}")
     print(f"  configs    {json.dumps({k: v['configs'] for k, v in inf['backends'].items()})}")
+    # The first-use self-check (SM100 configs against torch._scaled_mm) would send a broken config's
+    # problems to the generic path, so that the config looked right here: check the kernels themselves.
+    # Read once per process: set before the first mm call.
+    os.environ.setdefault("NVFP4_GEMM_SELFCHECK", "0")
+    print(f"  selfcheck  NVFP4_GEMM_SELFCHECK={os.environ['NVFP4_GEMM_SELFCHECK']} (0: each config runs as is)")
     forced = {k: os.environ[k] for k in ("NVFP4_GEMM_BACKEND", "NVFP4_GEMM_CONFIG") if k in os.environ}
     if forced:
         print(f"  note       {forced} set in the environment; the selftest forces each entry itself")

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 import zlib
 
 import torch
@@ -356,10 +357,16 @@ def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -
         for case, inputs, ref in prepared:
             tag = f"{case.id} (seed {case_seed(case)})"
             try:
-                with forced_entry(backend, config):
+                with forced_entry(backend, config), warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
                     out = mm(**inputs)
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
+                # A config that fails its first-use self-check warns and hands its problems to the generic
+                # path: right numbers, but that config is broken.
+                for w in caught:
+                    if "self-check" in str(w.message) and "FAILED" in str(w.message):
+                        r.failures.append(f"{tag}: {w.message}")
             except RuntimeError as e:
                 msg = str(e).strip().splitlines()[0]
                 if "cannot run M=" in msg:  # the forced config's own refusal of this shape, with its reason

@@ -1,6 +1,8 @@
 """torch.ops.nvfp4_gemm.mm as a custom op: opcheck, torch.compile without graph breaks, CUDA graphs."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -105,12 +107,13 @@ def test_info_reports_build_and_device():
         assert info["device"]["sm"] == "{}.{}".format(*torch.cuda.get_device_capability())
 
 
-def test_selftest_reports_every_entry_here(capsys):
+def test_selftest_reports_every_entry_here(monkeypatch, capsys):
     """python -m nvfp4_gemm --selftest: versions, build, one PASS line per dispatch entry of this machine
     (the CPU backend at least), what was skipped, exit status 0."""
     from nvfp4_gemm.__main__ import main
     from nvfp4_gemm.testing import dispatch_entries
 
+    monkeypatch.setenv("NVFP4_GEMM_SELFCHECK", os.environ.get("NVFP4_GEMM_SELFCHECK", "0"))  # restored after
     rc = main(["--selftest"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -133,6 +136,7 @@ def test_selftest_fails_on_a_wrong_result(monkeypatch, capsys):
 
     real = ops.mm
     monkeypatch.setattr(ops, "mm", lambda *a, **k: real(*a, **k) * 1.01)
+    monkeypatch.setenv("NVFP4_GEMM_SELFCHECK", os.environ.get("NVFP4_GEMM_SELFCHECK", "0"))
     rc = main(["--selftest"])
     out = capsys.readouterr().out
     assert rc == 1, out
