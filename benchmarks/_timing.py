@@ -183,9 +183,10 @@ class Reader:
         self.kind = "triton" if (_read_kernel is not None and self.device.type == "cuda") else "torch.sum"
 
     def buffer(self, nbytes: int, seed: int) -> torch.Tensor:
-        """Random int32 words covering nbytes (rounded up to 4 bytes)."""
+        """Random int32 words covering nbytes, rounded up to 64 bytes: a word count divisible by 16 lets
+        Triton prove the mask vector-aligned and issue 16-byte loads."""
         g = torch.Generator(device=self.device).manual_seed(seed)
-        words = (nbytes + 3) // 4
+        words = (nbytes + 63) // 64 * 16
         return torch.randint(-(2**31), 2**31 - 1, (words,), dtype=torch.int32, device=self.device, generator=g)
 
     def call(self, buf: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -306,6 +307,7 @@ def run_meta(device: torch.device, timer: Timer) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "timing": timer.method,
+        "NVFP4_GEMM_BACKEND": os.environ.get("NVFP4_GEMM_BACKEND", ""),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         variants += [f"ours[{b}]" for b in backends]
 
+    shapes = parse_shapes(args.shapes) if args.shapes else None
     if args.smoke:
         # One thread: on a shared CI machine, torch's default thread pool stalls tiny matmuls for tens of ms.
         torch.set_num_threads(1)
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         l2 = args.l2_bytes or SMOKE["l2_bytes"]
         max_sets = args.max_sets or SMOKE["max_sets"]
         ceil_args = SMOKE
-        shapes = parse_shapes(args.shapes) if args.shapes else list(SMOKE_SHAPES)
+        shapes = shapes or list(SMOKE_SHAPES)
     else:
         if not torch.cuda.is_available():
             raise SystemExit("bench_mm: needs a CUDA device (or --smoke for the CPU check of the script)")
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         l2 = l2_bytes(device, args.l2_bytes)
         max_sets = args.max_sets
         ceil_args = GPU
-        shapes = parse_shapes(args.shapes) if args.shapes else list(SHAPES)
+        shapes = shapes or list(SHAPES)
 
     timer, reader = Timer(device, replays), Reader(device)
     meta = run_meta(device, timer)
@@ -301,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [run_shape(m, n, k, variants, timer, reader, l2, max_sets, i) for i, (m, n, k) in enumerate(shapes)]
     targets = evaluate_targets(rows)
+    text = report(meta, ceilings, rows, targets, variants)
     print()
-    print(report(meta, ceilings, rows, targets, variants))
+    print(text)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, ceilings=ceilings, rows=rows, targets=targets), f, indent=1)
+            json.dump(dict(meta=meta, ceilings=ceilings, rows=rows, targets=targets, report=text), f, indent=1)
     return 0
 
 

@@ -361,13 +361,14 @@ def main(argv: list[str] | None = None) -> int:
             rows += time_variant(v, list(catalog).index(s), s, specs[s], ms, timer)
     add_ratios(rows)
     targets = evaluate_targets(rows, target_stack) if target_stack in stacks else []
+    text = report(meta, rows, targets, stacks, variants, ms)
     print()
-    print(report(meta, rows, targets, stacks, variants, ms))
+    print(text)
     if args.png:
         print(chart(args.png, rows, stacks, variants, ms, timer.cuda))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows, targets=targets), f, indent=1)
+            json.dump(dict(meta=meta, rows=rows, targets=targets, report=text), f, indent=1)
     return 0
 
 
