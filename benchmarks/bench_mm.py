@@ -139,6 +139,7 @@ def run_shape(m: int, n: int, k: int, variants: list[str], timer: Timer, reader:
     row = dict(m=m, n=n, k=k, sets=r, weight_bytes_total=r * wb, l2_bytes=l2, read_bytes=read_bytes(m, n, k), variants={})
     for v in variants:
         backend = v[5:-1] if v.startswith("ours[") else None
+        calls = None
         try:
             if backend and device.type != "cuda":
                 raise Unavailable("forcing a backend applies to CUDA tensors only")
@@ -149,13 +150,13 @@ def run_shape(m: int, n: int, k: int, variants: list[str], timer: Timer, reader:
                     rec["rel_err"] = rel_err(calls[0](), ref, scale)
                 rec["us"] = timer.graph_us(calls)
                 rec["eager_us"] = timer.eager_us(calls)
-            del calls
         except Unavailable as e:
             rec = {"unavailable": str(e)}
         except Exception as e:  # one variant's failure must not lose the others' figures
             traceback.print_exc()
             rec = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
         row["variants"][v] = rec
+        calls = None  # drops the variant's operands (dequantized copies, humming layers) before the next
         free_memory(device)
         print(f"  {m}x{n}x{k} {v}: {json.dumps(rec)}", flush=True)
     del sets, ref

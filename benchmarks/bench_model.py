@@ -36,7 +36,7 @@ except ImportError:  # an in-place build run from a checkout
     import nvfp4_gemm
 
 from _timing import (  # noqa: E402
-    Timer, Unavailable, fmt, free_memory, humming_reason, humming_w4a16, md_table, run_meta,
+    Timer, Unavailable, fmt, free_memory, humming_reason, humming_w4a16, md_table, run_meta, weight_only_mm_reason,
 )
 
 NVFP4_MODES = ("dynamic", "static", "wo_fp16", "wo_bf16")
@@ -106,17 +106,19 @@ class MmAlone:
         return nvfp4_gemm.mm(self.packed, lay.weight, self.sf, lay.weight_scale, alpha=self.alpha)
 
 
-def weight_only_reason() -> str | None:
+def weight_only_reason(device: torch.device) -> str | None:
+    """None if NVFP4Linear can be weight-only here: from_linear takes weight_only= (contract 3) and mm has
+    the weight-only form its forward calls (contract 1); the two land on main separately."""
     if "weight_only" not in inspect.signature(nvfp4_gemm.NVFP4Linear.from_linear).parameters:
         return "NVFP4Linear.from_linear has no weight_only= here (the weight-only layer is not on this branch)"
-    return None
+    return weight_only_mm_reason(device)
 
 
 def build_stack(variant: str, stack_index: int, spec: dict, device: torch.device) -> list[tuple]:
     """[(callable x -> y, K)] for every linear of the stack in model order. Float weights are made one
     linear at a time and dropped as soon as the variant's own form exists."""
-    if variant in ("wo_fp16", "wo_bf16") and weight_only_reason():
-        raise Unavailable(weight_only_reason())
+    if variant in ("wo_fp16", "wo_bf16") and weight_only_reason(device):
+        raise Unavailable(weight_only_reason(device))
     if variant == "humming" and humming_reason(device):
         raise Unavailable(humming_reason(device))
     out = []
