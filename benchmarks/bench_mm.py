@@ -167,6 +167,8 @@ def run_shape(m: int, n: int, k: int, variants: list[str], timer: Timer, reader:
         "wo_fp16/humming": ratio(row, "wo_fp16", ("humming",)),
         "wo_bf16/humming": ratio(row, "wo_bf16", ("humming",)),
     }
+    read_us = us(row, "read")
+    row["read_tbps"] = None if read_us is None else row["read_bytes"] / read_us / 1e6
     return row
 
 
@@ -207,11 +209,11 @@ def report(meta: dict, ceilings: dict, rows: list[dict], targets: list[dict], va
              f"`{meta['command']}`; torch {meta['torch']}. {meta['timing']}. Times in us per call, graph / eager. "
              f"Ceilings: copy {ceilings['copy_tbps']:.3g} TB/s (read + write, {ceilings['copy_bytes'] >> 20} MiB), "
              f"fp16 torch.mm {ceilings['mm_n']}^3 {ceilings['mm_tflops']:.4g} TFLOP/s; read floor by {meta['read_kernel']}.", ""]
-    header = ["M", "N", "K", "R"] + variants + ["ours / min(h, cuBLAS)", "ours / read", "wo16 / h", "wobf16 / h"]
+    header = ["M", "N", "K", "R"] + variants + ["ours / min(h, cuBLAS)", "ours / read", "wo16 / h", "wobf16 / h", "read TB/s"]
     body = []
     for r in rows:
         body.append([r["m"], r["n"], r["k"], r["sets"]] + [cell(r["variants"][v]) for v in variants]
-                    + [fmt(x, 2) for x in r["ratios"].values()])
+                    + [fmt(x, 2) for x in r["ratios"].values()] + [fmt(r["read_tbps"], 3 if meta["device"] == "cpu" else 2)])
     lines.append(md_table(header, body))
     notes = sorted({f"{v}: {rec.get('unavailable') or rec.get('error')}" for r in rows for v, rec in r["variants"].items()
                     if "us" not in rec})

@@ -81,6 +81,7 @@ def test_bench_mm_smoke(tmp_path):
         for name in ("wo_fp16", "wo_bf16"):  # timed once mm has the weight-only form, else says why not
             assert ("us" in v[name] and v[name]["rel_err"] < 1e-2) or "weight-only" in v[name]["unavailable"], v[name]
         assert math.isclose(r["ratios"]["ours/read"], v["ours"]["us"] / v["read"]["us"], rel_tol=1e-9)
+        assert math.isclose(r["read_tbps"], r["read_bytes"] / v["read"]["us"] / 1e6, rel_tol=1e-9)
         assert r["ratios"]["ours/min(humming,cublas)"] is None  # humming has no time here
 
     targets = data["targets"]
