@@ -4,6 +4,7 @@
 #include <cuda_fp8.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdio>
 #include <mutex>
 
@@ -119,6 +120,17 @@ bool gemm(cublasHandle_t handle, Operand t, const void* a, int64_t lda, const vo
     std::snprintf(err, err_len, "internal: cuBLAS GEMM of operand type %d cannot write output type %d directly",
                   static_cast<int>(t), static_cast<int>(out));
     return false;
+  }
+  // cuBLAS takes int dimensions: the binding layer bounds m, n, k; a leading dimension of a strided view
+  // can still be larger.
+  for (const int64_t v : {m, n, k, lda, ldb, ldc}) {
+    if (v > INT32_MAX) {
+      std::snprintf(err, err_len, "cuBLAS takes dimensions and leading dimensions up to 2^31 - 1, got "
+                    "m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld; pass contiguous operands",
+                    static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                    static_cast<long long>(lda), static_cast<long long>(ldb), static_cast<long long>(ldc));
+      return false;
+    }
   }
   const float* one_zero = device_one_and_zero(err, err_len);
   if (one_zero == nullptr) return false;
