@@ -15,9 +15,10 @@ one of three modes:
     W4A4:  y = mm(quantize(x, gs_x), weight, sf_x, weight_scale, alpha=(1 / gs_x) * weight_scale_2) + bias
     Both operands in NVFP4, as Blackwell's tensor cores run it (the numbers match those exactly).
 
-The bias joins the fp32 result before the one rounding to x's dtype. Whether a layer is weight-only is a
-plain attribute (`weight_only`, not in the state_dict: the checkpoint layout is ModelOpt's either way);
-static versus dynamic is decided by the presence of `input_scale`.
+Every mode is one call of the native op `nvfp4_gemm.linear` (all the steps on x's device, no host sync;
+CUDA-graph and torch.compile safe). The bias joins the fp32 result before the one rounding to x's dtype.
+Whether a layer is weight-only is a plain attribute (`weight_only`, not in the state_dict: the checkpoint
+layout is ModelOpt's either way); static versus dynamic is decided by the presence of `input_scale`.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from .formats import blocked_shape, to_blocked
-from .ops import mm
+from .ops import linear
 from .quantize import finite_amax, global_encode_scale, quantize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -266,27 +267,10 @@ class NVFP4Linear(nn.Module):
             raise ValueError(f"NVFP4Linear: x must be on the layer's device {self.weight.device}, got {x.device}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The checks repeat the op's own so that the message names the layer's in_features and device.
         self._check_input(x)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        out_dtype = x.dtype if self.bias is None else torch.float32
-        if self.weight_only:
-            out = mm(x2.contiguous(), self.weight, None, self.weight_scale, alpha=self.weight_scale_2, out_dtype=out_dtype)
-        else:
-            if self.input_scale is not None:
-                x_decode = self.input_scale
-                x_encode = 1.0 / x_decode
-            else:
-                x_encode = global_encode_scale(finite_amax(x2))
-                x_decode = 1.0 / x_encode
-            packed, sf = quantize(x2, x_encode)
-            out = mm(packed, self.weight, sf, self.weight_scale, alpha=x_decode * self.weight_scale_2,
-                     out_dtype=out_dtype)
-        if self.bias is not None:
-            # The bias joins the fp32 result before the one rounding to x's dtype: more accurate than two
-            # roundings, and what torch.compile computes too (it drops intermediate low-precision casts).
-            out = (out + self.bias.to(torch.float32)).to(x.dtype)
-        return out.reshape(*lead, self.out_features)
+        return linear(x, self.weight, self.weight_scale, self.weight_scale_2, self.input_scale, self.bias,
+                      weight_only=self.weight_only)
 
     def extra_repr(self) -> str:
         mode = "weight_only" if self.weight_only else "static" if self.input_scale is not None else "dynamic"
