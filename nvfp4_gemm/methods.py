@@ -70,9 +70,9 @@ def quantize_weight(
     """w [N, K] (float32 / float16 / bfloat16, K a multiple of 16) -> (packed uint8 [N, K/2], flat blocked
     float8_e4m3fn scales, weight_scale_2 float32 [1], the DECODE scale), on w's device.
 
-    method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=4), "gptq" (hessian [K, K]
+    method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=4, clip=True), "gptq" (hessian [K, K]
     required; options: percdamp=0.01, block_size=128, act_order=False, scale="mse" or "rtn", neighbours=2,
-    global_candidates=4). See the module docstring for what each chooses.
+    global_candidates=4, clip=True). See the module docstring for what each chooses.
     """
     if method not in METHODS:
         raise ValueError(f"quantize_weight: method must be one of {METHODS}, got {method!r}")
@@ -165,7 +165,7 @@ def _block_error(r: torch.Tensor, mag: torch.Tensor, sc: torch.Tensor, lut64: to
     return e[..., 0]
 
 
-def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """xb [R, B, 16] fp32 -> (best scale byte [R, B] uint8, its error [R, B] float64 in units of gs).
 
     Candidates, in the order tried: rtn's byte (amax -> 6), then rtn +- 1..neighbours, then the byte mapping
@@ -187,6 +187,8 @@ def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int) ->
     offsets += [(b4, 0)] + [(b4, d) for k in range(1, neighbours + 1) for d in (-k, k)]
     for base, d in offsets:
         cand = (base.to(torch.int16) + d).clamp(0, _E4M3_MAX_BYTE).to(torch.uint8)
+        if not clip:  # a scale below rtn's would saturate the block's largest values: not a candidate
+            cand = torch.maximum(cand, b6)
         err = error_of(cand)
         better = err < best_err  # False against NaN: a non-finite block keeps rtn's byte
         best = torch.where(better, cand, best)
@@ -210,7 +212,7 @@ def _row_chunks(rows: int, k: int):
 
 # ---------------------------------------------------------------------------------------------- mse
 
-def _mse_scales(x: torch.Tensor, neighbours: int, global_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _mse_scales(x: torch.Tensor, neighbours: int, global_candidates: int, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, K] fp32 -> (scale bytes [N, K/16] uint8, gs [1] fp32) by the mse search (module docstring)."""
     if not isinstance(neighbours, int) or neighbours < 0:
         raise ValueError(f"quantize_weight: neighbours must be an int >= 0, got {neighbours!r}")
@@ -233,7 +235,7 @@ def _mse_scales(x: torch.Tensor, neighbours: int, global_candidates: int) -> tup
         chunks, total = [], 0
         for r0, r1 in _row_chunks(rows, k):
             xb = x[r0:r1].reshape(r1 - r0, k // SF_VEC, SF_VEC)
-            byte, err = _search_block_scales(xb, gs, neighbours)
+            byte, err = _search_block_scales(xb, gs, neighbours, clip)
             chunks.append(byte)
             if global_candidates > 1:
                 err = err / gs2
@@ -247,9 +249,9 @@ def _mse_scales(x: torch.Tensor, neighbours: int, global_candidates: int) -> tup
     return best_bytes, best_gs
 
 
-def _mse(w: torch.Tensor, neighbours: int = 2, global_candidates: int = 4):
+def _mse(w: torch.Tensor, neighbours: int = 2, global_candidates: int = 4, clip: bool = True):
     x = w.to(torch.float32)
-    scale_bytes, gs = _mse_scales(x, neighbours, global_candidates)
+    scale_bytes, gs = _mse_scales(x, neighbours, global_candidates, clip)
     packed = torch.cat([_encode(x[r0:r1], scale_bytes[r0:r1], gs) for r0, r1 in _row_chunks(*x.shape)])
     return packed, to_blocked(scale_bytes.view(torch.float8_e4m3fn)), 1.0 / gs
 
@@ -266,6 +268,7 @@ def _gptq(
     scale: str = "mse",
     neighbours: int = 2,
     global_candidates: int = 4,
+    clip: bool = True,
 ):
     n, k = w.shape
     if not isinstance(hessian, torch.Tensor) or tuple(hessian.shape) != (k, k):
@@ -286,7 +289,7 @@ def _gptq(
 
     # The per-tensor scale comes from the original weights: rtn's, or the mse search's choice.
     if scale == "mse":
-        _, gs = _mse_scales(W, neighbours, global_candidates)
+        _, gs = _mse_scales(W, neighbours, global_candidates, clip)
     else:
         gs = global_encode_scale(finite_amax(W))
     decode = 1.0 / gs
@@ -333,7 +336,7 @@ def _gptq(
                     else:  # beyond this block: its lazy update from the block's columns done so far is pending
                         cur[:, m] = W[:, p] - Err1[:, :i] @ Hinv[i1:i1 + i, p]
                 if scale == "mse":
-                    byte, _ = _search_block_scales(cur.view(n, 1, SF_VEC), gs, neighbours)
+                    byte, _ = _search_block_scales(cur.view(n, 1, SF_VEC), gs, neighbours, clip)
                 else:
                     byte = _e4m3_rn_sat_bits(cur.abs().amax(dim=1, keepdim=True) / 6.0 * gs)
                 scale_bytes[:, g] = byte[:, 0]

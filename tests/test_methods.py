@@ -120,9 +120,10 @@ def _candidate_error(x: torch.Tensor, byte: int, gs: float) -> float:
     return float(((x.double().abs().unsqueeze(-1) - grid).abs().min(-1).values ** 2).sum())
 
 
-def test_mse_is_the_best_of_its_candidates():
+@pytest.mark.parametrize("clip", [True, False])
+def test_mse_is_the_best_of_its_candidates(clip):
     w = torch.cat([_weight(4, 64, seed=6), _adversarial(seed=7)])
-    res = quantize_weight(w, "mse", global_candidates=1, neighbours=2)
+    res = quantize_weight(w, "mse", global_candidates=1, neighbours=2, clip=clip)
     gs = float(1.0 / res[2])
     chosen = _block_sq_err(res, w)
     bytes_ = _scale_bytes(res, *w.shape)
@@ -134,6 +135,9 @@ def test_mse_is_the_best_of_its_candidates():
             b6 = int(torch.tensor([amax / 6 * gs]).to(torch.float8_e4m3fn).view(torch.uint8))
             b4 = int(torch.tensor([amax / 4 * gs]).to(torch.float8_e4m3fn).view(torch.uint8))
             cands = {min(max(base + d, 0), 0x7E) for base in (b6, b4) for d in range(-2, 3)}
+            if not clip:  # no scale below rtn's: the block's largest value is never clipped
+                cands = {c for c in cands if c >= b6}
+                assert int(bytes_[r, b]) >= b6, (r, b)
             best = min(_candidate_error(x, c, gs) for c in cands)
             # the recipe's reciprocal-multiply rounding may differ from the true nearest only at near-ties
             assert float(chosen[r, b]) <= best * (1 + 1e-6) + 1e-30, (r, b, int(bytes_[r, b]), float(chosen[r, b]), best)
