@@ -239,10 +239,31 @@ def run(model, tokenizer, args) -> dict:
             result["rows"].append(row)
             print(f"{mode:11s} {method:4s}: ppl {ppl:.3f} (quantize {secs:.1f} s, eval {row['eval_s']:.0f} s)", flush=True)
         del weights
+    _gaps(result)
+    return result
+
+
+def _gaps(result: dict) -> None:
     rtn = {r["mode"]: r["ppl"] for r in result["rows"] if r["method"] == "rtn"}
     for r in result["rows"]:
         gap = rtn.get(r["mode"], float("nan")) - result["float_ppl"]
         r["gap_closed"] = (rtn[r["mode"]] - r["ppl"]) / gap if r["mode"] in rtn and gap > 0 else None
+
+
+def combine(paths: list[str]) -> dict:
+    """Rows of several runs (e.g. one per method, to keep each run short) in one result; their float
+    perplexities must agree, or they did not measure the same thing."""
+    runs = [json.load(open(p)) for p in paths]
+    first = runs[0]
+    for r in runs[1:]:
+        for key in ("eval_tokens", "calib_tokens", "seq_len", "text", "float_ppl"):
+            if r[key] != first[key]:
+                raise SystemExit(f"perplexity.py --combine: {key} differs between runs: {first[key]} vs {r[key]}")
+    result = dict(first, rows=[row for r in runs for row in r["rows"]],
+                  commit=",".join(dict.fromkeys(r.get("commit", "") for r in runs)),
+                  command=" ; ".join(r.get("command", "") for r in runs),
+                  options=[r.get("options") for r in runs])
+    _gaps(result)
     return result
 
 
@@ -274,7 +295,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seq-len", type=int, default=512, help="window length of the perplexity evaluation")
     p.add_argument("--methods", type=_csv(METHODS), default=list(METHODS))
     p.add_argument("--modes", type=_csv(MODES), default=list(MODES))
-    p.add_argument("--gptq-act-order", action="store_true", help="gptq: quantize columns by decreasing Hessian diagonal")
+    p.add_argument("--gptq-act-order", action=argparse.BooleanOptionalAction, default=True,
+                   help="gptq: quantize columns by decreasing Hessian diagonal")
     p.add_argument("--gptq-scale", choices=("mse", "rtn"), default="mse", help="gptq: how each block scale is chosen")
     p.add_argument("--percdamp", type=float, default=0.01, help="gptq: damping, as a fraction of the mean Hessian diagonal")
     p.add_argument("--global-candidates", type=int, default=4, help="mse (and gptq's mse scales): per-tensor scale candidates")
@@ -283,7 +305,16 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--text", default=TEXT)
     p.add_argument("--json", default=None, help="write the results here as JSON")
+    p.add_argument("--combine", nargs="+", metavar="JSON", help="print one table from earlier --json outputs "
+                   "(same model, text and budget) and exit")
     args = p.parse_args(argv)
+    if args.combine:
+        result = combine(args.combine)
+        print(table(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return result
     if args.threads:
         torch.set_num_threads(args.threads)
     why = missing_requirement()

@@ -71,7 +71,7 @@ def quantize_weight(
     float8_e4m3fn scales, weight_scale_2 float32 [1], the DECODE scale), on w's device.
 
     method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=4, clip=True), "gptq" (hessian [K, K]
-    required; options: percdamp=0.01, block_size=128, act_order=False, scale="mse" or "rtn", neighbours=2,
+    required; options: percdamp=0.01, block_size=128, act_order=True, scale="mse" or "rtn", neighbours=2,
     global_candidates=4, clip=True). See the module docstring for what each chooses.
     """
     if method not in METHODS:
@@ -264,7 +264,7 @@ def _gptq(
     *,
     percdamp: float = 0.01,
     block_size: int = 128,
-    act_order: bool = False,
+    act_order: bool = True,
     scale: str = "mse",
     neighbours: int = 2,
     global_candidates: int = 4,
