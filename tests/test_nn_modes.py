@@ -330,3 +330,22 @@ def test_rtn_through_methods_is_the_default_recipe():
     assert torch.equal(layer.weight, packed) and torch.equal(layer.weight_scale.view(torch.uint8), sf.view(torch.uint8))
     assert torch.equal(layer.weight_scale_2, 1.0 / gs)
     assert "gptq" in methods.METHODS
+
+
+@pytest.mark.parametrize("weight_only", (False, True), ids=("w4a4", "weight_only"))
+def test_gptq_beats_rtn_on_its_calibration_data(weight_only):
+    """With the real nvfp4_gemm.methods: GPTQ minimizes each layer's output error on the calibration inputs,
+    so the quantized net's output there is closer than with round-to-nearest: measured 0.49x rtn's error
+    weight-only, 0.76x in W4A4 (where the activations' rounding, which GPTQ leaves alone, adds the same to both)."""
+    pytest.importorskip("nvfp4_gemm.methods", reason="nvfp4_gemm.methods is not in this build")
+    torch.manual_seed(case_seed("gptq-vs-rtn", weight_only))
+    net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).requires_grad_(False)
+    x = torch.randn(96, 64) @ torch.randn(64, 64) * 0.2  # correlated features: where the Hessian matters
+    ref = net(x)
+    err = {}
+    for method in ("rtn", "gptq"):
+        calibrate = (lambda m: m(x)) if method == "gptq" or not weight_only else None
+        q = quantize_model(copy.deepcopy(net), weight_only=weight_only, method=method, progress=False,
+                           calibrate=calibrate)
+        err[method] = float((q(x) - ref).norm() / ref.norm())
+    assert err["gptq"] < (0.6 if weight_only else 0.9) * err["rtn"], err
