@@ -104,15 +104,19 @@ def checkpoint_bytes(directory: str) -> int:
     return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory) if n.endswith(".safetensors"))
 
 
-def measure(directory: str) -> dict:
-    """Runs in the child process."""
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+def measure(directory: str, warm: bool) -> dict:
+    """Runs in the child process. warm: build the model once on the meta device before the baseline, so that
+    the one-time import of transformers' model code (about 0.2 GB resident) is not counted."""
+    import torch
+    import transformers
 
     sys.path.insert(0, ROOT)
     import nvfp4_gemm  # noqa: F401
     from nvfp4_gemm.checkpoint import from_pretrained
 
+    if warm:
+        with torch.device("meta"):
+            transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(directory))
     base = rss_bytes()
     t0 = time.perf_counter()
     model = from_pretrained(directory, device="cpu", progress=False)
@@ -132,23 +136,27 @@ def main() -> None:
     ap.add_argument("--format", default="modelopt", choices=("modelopt", "compressed-tensors"))
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--shard-mb", type=int, default=500)
-    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process
+    ap.add_argument("--measure", choices=("cold", "warm"), help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args()
     directory = args.dir or f"/tmp/nvfp4_mem_{args.format.replace('-', '_')}"
     if args.measure:
-        print(json.dumps(measure(directory)))
+        print(json.dumps(measure(directory, args.measure == "warm")))
         return
     if not os.path.exists(os.path.join(directory, "config.json")):
         generate(directory, args.format, args.layers, args.shard_mb * 10**6)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", "--dir", directory],
-                         check=True, capture_output=True, text=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
     gb = 1e9
-    print(f"{args.format} checkpoint {directory}: {r['checkpoint_bytes'] / gb:.3f} GB, {r['nvfp4_layers']} NVFP4 layers")
-    print(f"peak host memory of the load (ru_maxrss - RSS before): {r['peak_minus_baseline'] / gb:.3f} GB = "
-          f"{r['peak_ratio']:.3f}x the checkpoint; resident after: {r['resident_after_minus_baseline'] / gb:.3f} GB "
-          f"= {r['resident_ratio']:.3f}x; {r['load_seconds']} s")
-    print(json.dumps(r))
+    for mode in ("cold", "warm"):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", mode, "--dir", directory],
+                             check=True, capture_output=True, text=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if mode == "cold":
+            print(f"{args.format} checkpoint {directory}: {r['checkpoint_bytes'] / gb:.3f} GB, "
+                  f"{r['nvfp4_layers']} NVFP4 layers")
+        what = "first load in the process" if mode == "cold" else "model code already imported"
+        print(f"{mode} ({what}): peak host memory (ru_maxrss - RSS before) {r['peak_minus_baseline'] / gb:.3f} GB "
+              f"= {r['peak_ratio']:.3f}x the checkpoint; resident after {r['resident_after_minus_baseline'] / gb:.3f} GB "
+              f"= {r['resident_ratio']:.3f}x; {r['load_seconds']} s")
+        print(json.dumps({"mode": mode, **r}))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ and any error raises (naming the file and the tensor): no half-loaded model is e
 """
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import json
 import os
@@ -26,7 +27,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._checkpoint_formats import CT_FORMAT, HF_QUANT_CONFIG, QuantFormat, detect, fused_group_key
+from ._checkpoint_formats import CT_FORMAT, HF_QUANT_CONFIG, QuantFormat, _read_json, detect, fused_group_key
 from ._checkpoint_io import (
     INDEX_FILE,
     CheckpointError,
@@ -35,6 +36,7 @@ from ._checkpoint_io import (
     UnsupportedFormatError,
     parse_size,
     read_all_headers,
+    read_into,
     read_tensor,
 )
 from .formats import from_blocked, to_blocked
@@ -44,7 +46,6 @@ from .quantize import finite_amax, global_encode_scale, quantize as _quantize
 __all__ = ["from_pretrained", "save_pretrained", "CheckpointError", "UnsupportedFormatError", "FORMATS"]
 
 FORMATS = ("modelopt", "compressed-tensors")
-_SCALAR_ROLES = ("weight_scale_2", "input_scale")
 
 
 def _layer_supports_weight_only() -> bool:
@@ -72,19 +73,8 @@ def _new_layer(plan: _Layer, device: torch.device, dtype: torch.dtype) -> NVFP4L
     if plan.mode == "static":
         kwargs["static_input_scale"] = True
     elif plan.mode == "weight_only":
-        if not _layer_supports_weight_only():
-            raise NotImplementedError(f"layer '{plan.name}' is weight-only (W4A16), but this nvfp4_gemm's NVFP4Linear "
-                                      f"has no weight_only mode; pass weight_only=False to run it W4A4 (dynamic)")
         kwargs["weight_only"] = True
     return NVFP4Linear(plan.k, plan.n, **kwargs)
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
 
 
 def _positive_finite(t: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
@@ -128,10 +118,10 @@ class _Expect:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _plan(model: nn.Module, fmt: QuantFormat | None, weight_only: bool | None, quantize: bool,
+def _plan(model: nn.Module, fmt: QuantFormat | None, weight_only: bool | None,
           exclude: tuple[str, ...] | list[str], tied: set[str]) -> dict[str, _Layer]:
-    import fnmatch
-
+    """The Linear layers that become NVFP4Linear: as the checkpoint's config says, or (fmt None: quantize on
+    load) every nn.Linear the kernels take that is not excluded or tied."""
     layers: dict[str, _Layer] = {}
     for name, mod in model.named_modules():
         if fmt is not None:
@@ -257,22 +247,22 @@ def _quantize_group(plans: list[_Layer], parts: dict[str, dict[str, torch.Tensor
     return out
 
 
-def _build_loaded(plan: _Layer, parts: dict[str, torch.Tensor], src: dict[str, TensorEntry], fmt: QuantFormat,
-                  device: torch.device, dtype: torch.dtype) -> NVFP4Linear:
-    ws2 = _positive_finite(parts["weight_scale_2"], src["weight_scale_2"])
-    inp = _positive_finite(parts["input_scale"], src["input_scale"]) if "input_scale" in parts else None
-    if fmt.name == "compressed-tensors":  # global scales are ENCODE scales there
-        ws2 = 1.0 / ws2
-        inp = None if inp is None else 1.0 / inp
-    layer = _new_layer(plan, device, dtype)
-    layer.weight.copy_(parts["weight"])
-    layer.weight_scale.copy_(to_blocked(parts["weight_scale"]))
-    layer.weight_scale_2.copy_(ws2)
-    if plan.mode == "static":
-        layer.input_scale.copy_(inp)
-    if plan.bias:
-        layer.bias.copy_(parts["bias"])
-    return layer
+def _load_role(layer: NVFP4Linear, plan: _Layer, role: str, f, ent: TensorEntry, fmt: QuantFormat) -> None:
+    """Reads one checkpoint tensor of a quantized layer into the layer's buffer."""
+    if role == "weight":
+        read_into(f, ent, layer.weight)
+    elif role == "weight_scale":
+        layer.weight_scale.copy_(to_blocked(read_tensor(f, ent)))
+    elif role == "bias":
+        read_into(f, ent, layer.bias)
+    else:
+        v = _positive_finite(read_tensor(f, ent), ent)
+        if fmt.name == "compressed-tensors":  # global scales are ENCODE scales there
+            v = 1.0 / v
+        if role == "weight_scale_2":
+            layer.weight_scale_2.copy_(v)
+        elif plan.mode == "static":
+            layer.input_scale.copy_(v)
 
 
 def from_pretrained(
@@ -339,7 +329,12 @@ def from_pretrained(
 
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
         config, "tie_word_embeddings", False) else set()
-    layers = _plan(model, fmt, weight_only, quantize, exclude, tied)
+    layers = _plan(model, fmt, weight_only, exclude, tied)
+    wo = [n for n, p in layers.items() if p.mode == "weight_only"]
+    if wo and not _layer_supports_weight_only():
+        raise NotImplementedError(f"{len(wo)} layer(s) (e.g. '{wo[0]}') are weight-only (W4A16), but this "
+                                  f"nvfp4_gemm's NVFP4Linear has no weight_only mode; pass weight_only=False to run "
+                                  f"them as dynamic W4A4")
     exp = _expectations(model, layers, fmt, tied)
     ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     ignore_unexpected.append(r"rotary_emb\.inv_freq$")
@@ -356,13 +351,14 @@ def from_pretrained(
     for e in exp.values():
         if e.layer is not None:
             need[e.layer] += 1
-    parts: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
-    srcs: dict[str, dict[str, TensorEntry]] = defaultdict(dict)
+    got: dict[str, int] = defaultdict(int)
+    building: dict[str, NVFP4Linear] = {}          # pre-quantized layers whose tensors are still arriving
+    parts: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)  # quantize=True: float tensors of a group
     by_file: dict[str, list[TensorEntry]] = defaultdict(list)
     for name in exp:
         by_file[entries[name].file].append(entries[name])
-
     model_dtypes = {k: t.dtype for k, t in model.state_dict(keep_vars=True).items()}
+
     shard_bar = tqdm(total=len(by_file), desc="Reading shards", unit="shard", disable=not progress)
     layer_bar = tqdm(total=len(layers), desc="Quantizing layers" if quantize else "NVFP4 layers", unit="layer",
                      disable=not progress)
@@ -372,23 +368,25 @@ def from_pretrained(
                 with open(file, "rb") as f:
                     for ent in sorted(by_file[file], key=lambda e: e.start):
                         e = exp[ent.name]
-                        t = read_tensor(f, ent)
-                        if e.layer is None:
-                            _set_tensor(model, ent.name, t.to(device=device, dtype=model_dtypes[ent.name]))
+                        if e.layer is None:  # a float tensor: read straight into its final place
+                            t = torch.empty(ent.shape, dtype=model_dtypes[ent.name], device=device)
+                            read_into(f, ent, t)
+                            _set_tensor(model, ent.name, t)
                             continue
-                        parts[e.layer][e.role] = t if e.role != "bias" else t.to(dtype)
-                        srcs[e.layer][e.role] = ent
-                        if len(parts[e.layer]) < need[e.layer]:
-                            continue
+                        got[e.layer] += 1
                         if fmt is not None:
                             plan = layers[e.layer]
-                            _replace_module(model, plan.name, _build_loaded(plan, parts.pop(plan.name),
-                                                                            srcs.pop(plan.name), fmt, device, dtype))
-                            layer_bar.update(1)
+                            if plan.name not in building:
+                                building[plan.name] = _new_layer(plan, device, dtype)
+                            _load_role(building[plan.name], plan, e.role, f, ent, fmt)
+                            if got[plan.name] == need[plan.name]:
+                                _replace_module(model, plan.name, building.pop(plan.name))
+                                layer_bar.update(1)
                             continue
-                        key = group_of[e.layer]
-                        members = [layers[m] for m in groups[key]]
-                        if all(len(parts[m.name]) == need[m.name] for m in members):
+                        t = read_tensor(f, ent)
+                        parts[e.layer][e.role] = t if e.role != "bias" else t.to(dtype)
+                        members = [layers[m] for m in groups[group_of[e.layer]]]
+                        if all(got[m.name] == need[m.name] for m in members):
                             for plan, layer in zip(members, _quantize_group(members, parts, device, dtype)):
                                 _replace_module(model, plan.name, layer)
                                 parts.pop(plan.name)
@@ -461,19 +459,19 @@ def _calibrate(model: nn.Module, layers: dict[str, _Layer], calibrate: Callable[
 # ---------------------------------------------------------------------------------------------- saving
 
 def _encode_of(decode: torch.Tensor) -> torch.Tensor:
-    """A float32 g with fl(1 / g) == decode, so that a loader computing the decode scale as 1 / g (ours,
-    vLLM's alpha = 1 / (g_in * g_w)) gets the model's value back bit for bit; fl(1 / decode) when no such g
-    exists (then within one ulp)."""
+    """A float32 g with fl(1 / g) == decode, so that a loader computing the decode scale as 1 / g (ours;
+    vLLM's alpha = 1 / (g_in * g_w)) gets the model's value back bit for bit. A decode scale that came from
+    a reciprocal (our quantizer, a compressed-tensors checkpoint) always has one; for others (ModelOpt's
+    amax / 2688) there may be none, and fl(1 / decode) is within one ulp."""
     d = decode.detach().to("cpu", torch.float32).reshape(1)
-    g0 = 1.0 / d
-    cand = g0
-    for steps in (0, 1, -1, 2, -2):
-        c = g0
-        for _ in range(abs(steps)):
-            c = torch.nextafter(c, torch.full_like(c, float("inf") if steps > 0 else 0.0))
-        if torch.equal(1.0 / c, d):
-            return c
-    return cand
+    first = up = down = 1.0 / d
+    for _ in range(3):
+        for g in (up, down):
+            if torch.equal(1.0 / g, d):
+                return g
+        up = torch.nextafter(up, torch.full_like(up, float("inf")))
+        down = torch.nextafter(down, torch.zeros_like(down))
+    return first
 
 
 def _quant_config_groups(modes: dict[str, str], fmt: str) -> dict:

@@ -557,3 +557,20 @@ def test_error_float_checkpoint_needs_quantize(checkpoints, tmp_path):
     checkpoints["modelopt"][1].save_pretrained(tmp_path / "float")
     with pytest.raises(CheckpointError, match="no NVFP4 quantization config .*quantize=True"):
         from_pretrained(tmp_path / "float", progress=False)
+
+
+def test_error_arguments(checkpoints, tmp_path):
+    d, src, _, _ = checkpoints["modelopt"]
+    with pytest.raises(ValueError, match="quantize=True, but .* is already a modelopt NVFP4 checkpoint"):
+        from_pretrained(d, quantize=True, progress=False)
+    with pytest.raises(ValueError, match="calibrate needs quantize=True"):
+        from_pretrained(d, calibrate=lambda m: None, progress=False)
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        from_pretrained(tmp_path / "nowhere", progress=False)
+    model = from_pretrained(d, progress=False)
+    with pytest.raises(ValueError, match="format must be one of .*got 'gguf'"):
+        save_pretrained(model, tmp_path / "x", format="gguf")
+    with pytest.raises(ValueError, match="no NVFP4Linear layer"):
+        save_pretrained(src, tmp_path / "x")
+    with pytest.raises(ValueError, match="max_shard_size must be .*got '5 parsecs'"):
+        save_pretrained(model, tmp_path / "x", max_shard_size="5 parsecs", progress=False)
