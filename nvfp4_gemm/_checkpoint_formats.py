@@ -119,6 +119,10 @@ class QuantFormat:
             return None if self.name == "compressed-tensors" else "static"
         target, mode = min(matches, key=lambda tm: _ct_specificity(name, tm[0]))
         if not isinstance(module, nn.Linear):
+            # a regex also matches parents of the layers it is meant for (re:.*mlp.* matches the MLP block),
+            # which hold no weight of their own; a name or a class names the module itself
+            if target.startswith("re:"):
+                return None
             raise UnsupportedFormatError(f"{self.source}: target '{target}' quantizes '{name}', a "
                                          f"{type(module).__name__}; only Linear layers are supported")
         return mode
