@@ -22,7 +22,7 @@ from torch import nn
 import nvfp4_gemm
 from nvfp4_gemm import NVFP4Linear
 from nvfp4_gemm.checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained
-from nvfp4_gemm.formats import dequantize
+from nvfp4_gemm.formats import dequantize, e4m3_to_float, from_blocked, unpack_e2m1
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
 from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
 
@@ -377,9 +377,34 @@ def test_save_reload_bit_for_bit(checkpoints, tmp_path, kind, fmt):
     assert torch.equal(layer_io(model, ids)[0], layer_io(again, ids)[0])
 
 
+def check_ct_decode(name: str, out: torch.Tensor, layer: NVFP4Linear, g: torch.Tensor) -> int:
+    """compressed-tensors decodes code * (s / g) in float32 and rounds to bfloat16; our layer's weight is
+    code * s * weight_scale_2 with weight_scale_2 = fl(1 / g). Checks (1) fl(1 / g) is our weight_scale_2
+    exactly; (2) the decoder's output is its formula applied to our packed codes and our block scales (read
+    back from the blocked layout), bit for bit: the nibbles, the scale layout and the names are ours; (3)
+    against our exact weight, it is our weight rounded to bfloat16 except where the two float32 roundings of
+    the two formulas straddle a bfloat16 midpoint: there one bfloat16 step, and only within 2^-21 of the
+    midpoint. Returns how many elements took (3)'s exception."""
+    k = layer.in_features
+    assert torch.equal(1.0 / g.reshape(1).float(), layer.weight_scale_2), f"{name}: 1 / g != weight_scale_2"
+    codes = torch.tensor(nvfp4_gemm.formats.E2M1_VALUES)[unpack_e2m1(layer.weight).long()]
+    s = e4m3_to_float(from_blocked(layer.weight_scale, layer.out_features, k)).repeat_interleave(16, dim=1)
+    assert out.dtype == torch.bfloat16 and out.shape == (layer.out_features, k)
+    assert torch.equal(out, (codes * (s / g.float())).to(torch.bfloat16)), f"{name}: not our codes and scales"
+    exact = codes.double() * s.double() * layer.weight_scale_2.double()
+    rounded = exact.to(torch.bfloat16)
+    off = out != rounded
+    if off.any():
+        step = (rounded.double() - torch.nextafter(rounded, torch.zeros_like(rounded)).double()).abs()
+        mid_dist = ((exact - rounded.double()).abs() - step / 2).abs()
+        assert bool((mid_dist[off] <= exact.abs()[off] * 2.0**-21).all()), f"{name}: beyond a midpoint tie"
+        assert bool(((out.double() - rounded.double()).abs()[off] <= step[off] * 1.0001).all()), name
+    return int(off.sum())
+
+
 def test_compressed_tensors_decompresses_our_checkpoint(checkpoints, tmp_path):
-    """The compressed-tensors package parses our config and its NVFP4 decompressor gives our weights back:
-    exactly, in the bfloat16 it decompresses to."""
+    """The compressed-tensors package parses our config, and its NVFP4 decompressor decodes our codes, block
+    scales and global scale (check_ct_decode)."""
     ct = pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors import NVFP4PackedCompressor
     from compressed_tensors.quantization import QuantizationConfig
@@ -394,17 +419,16 @@ def test_compressed_tensors_decompresses_our_checkpoint(checkpoints, tmp_path):
     qc = QuantizationConfig.model_validate({k: v for k, v in cfg.items() if k != "quant_method"})
     scheme = qc.config_groups["group_0"]
     sd = load_file(str(tmp_path / "ct" / "model.safetensors"))
-    checked = 0
+    checked = ties = 0
     for n, m in model.named_modules():
         if not isinstance(m, NVFP4Linear):
             continue
         local = {k.rpartition(".")[2]: v for k, v in sd.items() if k.rpartition(".")[0] == n}
-        out = NVFP4PackedCompressor.decompress(local, scheme)["weight"]
-        ours = dequantize(m.weight, m.weight_scale, m.in_features, torch.float64) * m.weight_scale_2.double()
-        assert out.dtype == torch.bfloat16
-        assert torch.equal(out, ours.to(torch.bfloat16)), f"{n}: compressed-tensors decodes other weights"
+        out = NVFP4PackedCompressor.decompress(dict(local), scheme)["weight"]
+        ties += check_ct_decode(n, out, m, local["weight_global_scale"])
         checked += 1
     assert checked == len(quantized_linears(src)) and ct.__version__
+    print(f"compressed-tensors decode: {ties} elements one bfloat16 step off at a midpoint tie")
 
 
 def test_quantize_on_load(checkpoints, tmp_path):
@@ -621,3 +645,26 @@ def test_weight_only_save_reload(checkpoints, tmp_path):
         for fmt in ("modelopt", "compressed-tensors"):
             save_pretrained(model, tmp_path / f"{key}-{fmt}", format=fmt, progress=False)
             assert_same_state(model, from_pretrained(tmp_path / f"{key}-{fmt}", progress=False))
+
+
+def test_transformers_loads_our_compressed_tensors_checkpoint(tmp_path):
+    """transformers' own loader (its compressed-tensors quantizer, which decompresses to bfloat16) reads a
+    checkpoint we saved, runs it, and holds our weights (check_ct_decode)."""
+    if not HAVE_CT:
+        pytest.skip(NO_CT)
+    from transformers import AutoModelForCausalLM
+
+    src = float_model(11).to(torch.bfloat16)
+    src.config.dtype = torch.bfloat16
+    src.save_pretrained(tmp_path / "float")
+    ours = from_pretrained(tmp_path / "float", quantize=True, progress=False)
+    save_pretrained(ours, tmp_path / "ct", format="compressed-tensors", progress=False)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "ct")
+    with torch.no_grad():
+        assert torch.isfinite(theirs(token_ids(11)).logits).all()  # its first forward decompresses the weights
+    ties = 0
+    for n in quantized_linears(src):
+        mod = theirs.get_submodule(n)
+        ties += check_ct_decode(n, mod.weight.detach(), ours.get_submodule(n), mod.weight_global_scale.detach())
+    assert torch.equal(theirs.lm_head.weight, ours.lm_head.weight)
+    print(f"transformers + compressed-tensors: {ties} elements one bfloat16 step off at a midpoint tie")
