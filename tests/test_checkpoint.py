@@ -455,6 +455,8 @@ def test_quantize_on_load(checkpoints, tmp_path):
     err = rel_error(logits, src(ids).logits.detach())
     print(f"quantize=True, dynamic W4A4: logits relative error vs the float model {err:.3f}")
     assert err < 0.3  # measured 0.21: weights and activations in NVFP4
+    out = model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)  # KV cache, one-token steps (M = 1)
+    assert out.shape == (1, 7) and torch.equal(out[:, :4], ids[:1, :4])
 
 
 def test_quantize_on_load_calibrated(checkpoints, tmp_path):
