@@ -670,3 +670,19 @@ def test_transformers_loads_our_compressed_tensors_checkpoint(tmp_path):
         ties += check_ct_decode(n, mod.weight.detach(), ours.get_submodule(n), mod.weight_global_scale.detach())
     assert torch.equal(theirs.lm_head.weight, ours.lm_head.weight)
     print(f"transformers + compressed-tensors: {ties} elements one bfloat16 step off at a midpoint tie")
+
+
+def test_kv_cache_scales_are_ignored_with_a_warning(checkpoints, tmp_path):
+    d = _copy(checkpoints, tmp_path)
+    hf = json.load(open(d / "hf_quant_config.json"))
+    hf["quantization"]["kv_cache_quant_algo"] = "FP8"
+    json.dump(hf, open(d / "hf_quant_config.json", "w"))
+    _edit_shard(d, lambda t: t.update({"model.layers.0.self_attn.k_proj.k_scale": torch.tensor(0.5),
+                                       "model.layers.0.self_attn.v_proj.v_scale": torch.tensor(0.25)}))
+    with pytest.warns(UserWarning, match="KV-cache scales are not used"):
+        model = from_pretrained(d, progress=False)
+    assert_same_state(model, from_pretrained(checkpoints["modelopt"][0], progress=False))
+    hf["quantization"]["kv_cache_quant_algo"] = None  # scales the config does not announce are extra tensors
+    json.dump(hf, open(d / "hf_quant_config.json", "w"))
+    with pytest.raises(CheckpointError, match="k_proj.k_scale': unexpected tensor"):
+        from_pretrained(d, progress=False)
