@@ -6,7 +6,7 @@ thread (16 for the '16' variants, 4 for 'fragment4'); each CTA covers 128 rows x
             g and g + 8, [16 tig, +16) and [64 + 16 tig, +16) of each 128-byte K block)
   row:      a warp reads 512 contiguous bytes of one row per load, a row's 2048 bytes at a time
   linear:   the CTA's 256 KB of the flat buffer in address order
-    python benchmarks/hbm_pattern_probe.py
+    python benchmarks/diagnostics/hbm_pattern_probe.py
 """
 import torch
 from torch.utils.cpp_extension import load_inline
