@@ -41,9 +41,14 @@ std::string backends_json() {
 }  // namespace nvfp4_gemm
 
 TORCH_LIBRARY(nvfp4_gemm, m) {
+  // sfa is None exactly when a holds float activations (the weight-only form). alpha and out_dtype are
+  // positional too, in vLLM's cutlass_scaled_fp4_mm order. mm_out writes into a caller's tensor; it is a
+  // separate op because a custom op may not return an alias of its mutated argument.
   m.def(
-      "mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, *, Tensor? alpha=None, ScalarType? out_dtype=None) "
-      "-> Tensor");
+      "mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor? alpha=None, ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "mm_out(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor? alpha=None, ScalarType? out_dtype=None, *, "
+      "Tensor(a!) out) -> ()");
   m.def("_register_backends() -> str[]", []() { return nvfp4_gemm::register_backends(); });
   m.def("_backends_json() -> str", []() { return nvfp4_gemm::backends_json(); });
   // Names of the registered arch backends whose kernels run on an SM of this version, preferred first.
