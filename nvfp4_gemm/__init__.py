@@ -21,7 +21,7 @@ from .formats import (  # noqa: E402
     to_blocked,
     unpack_e2m1,
 )
-from .info import configs, info  # noqa: E402
+from .info import configs, dispatch_rules, info  # noqa: E402
 from .ops import linear, mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
@@ -42,6 +42,7 @@ __all__ = [
     "unpack_e2m1",
     "info",
     "configs",
+    "dispatch_rules",
     "quantize",
     "reference_quantize",
     "global_encode_scale",

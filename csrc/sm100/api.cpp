@@ -139,7 +139,7 @@ bool api_run(const Problem* p, int32_t config, void* workspace, size_t workspace
 const BackendApi& backend_api() {
   static const BackendApi api{
       kBackendAbiVersion, "sm100", "sm_100f", kNumConfigs, kNames, &supports_sm, &api_select, &api_can_run,
-      &api_workspace_bytes, &api_run,
+      &api_workspace_bytes, &api_run, /*prefers_generic=*/nullptr, &dispatch_rules,
   };
   return api;
 }

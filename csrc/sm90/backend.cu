@@ -628,7 +628,7 @@ int set_forced_splits(int splits) {
 const BackendApi& backend_api() {
   static const BackendApi api = {
       kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, kConfigNames, &supports_sm, &select, &can_run,
-      &workspace_bytes,   &run,    &prefers_generic,
+      &workspace_bytes,   &run,    &prefers_generic, &dispatch_rules,
   };
   return api;
 }
