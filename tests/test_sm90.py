@@ -66,21 +66,35 @@ def test_every_config_on_partial_tiles(monkeypatch, shape):
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"{name} on {shape}, _gpu_inputs seed {17 * i + m}")
 
 
-@pytest.mark.parametrize("splits", ["1", "2", "5"])
-def test_forced_splits(monkeypatch, splits):
-    monkeypatch.setenv("NVFP4_GEMM_SM90_SPLITS", splits)
+@pytest.fixture
+def force_splits():
+    """Sets the sm90 split count for the following calls (the override is read once per process, so tests
+    change it through the module's hook) and restores the previous value afterwards."""
+    previous = []
+
+    def force(n: int) -> None:
+        old = torch.ops.nvfp4_gemm._sm90_force_splits(n)
+        if not previous:
+            previous.append(old)
+
+    yield force
+    if previous:
+        torch.ops.nvfp4_gemm._sm90_force_splits(previous[0])
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_forced_splits(force_splits, splits):
+    force_splits(splits)
     for m, n, k in ((1, 1024, 4096), (130, 392, 2080), (257, 136, 1024)):
         inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=m)
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"splits {splits}, ({m}, {n}, {k}), seed {m}")
 
 
-@pytest.mark.parametrize("fold", ["0", "1"])
-def test_decode_folds(monkeypatch, fold):
-    """Both decode scalings (NVFP4_GEMM_SM90_FOLD): subnormal scales and large ones stay exact."""
-    monkeypatch.setenv("NVFP4_GEMM_SM90_FOLD", fold)
+def test_decode_exact_for_extreme_scales():
+    """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):
         inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, scales=scales, seed=m)
-        _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"fold {fold}, ({m}, {n}, {k}) {scales}, seed {m}")
+        _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"({m}, {n}, {k}) {scales}, seed {m}")
 
 
 def test_random_sweep():
@@ -109,7 +123,7 @@ def _small_m_configs():
     return [c for c in _configs() if "_smallm_" in c]
 
 
-def test_small_m_sweep(monkeypatch):
+def test_small_m_sweep(monkeypatch, force_splits):
     """The small-M streaming kernel (sm90_small_m.cuh): automatic selection (M <= 32) and every small-M
     config forced, on random M <= 40 (past a config's TOKENS it runs in several launches), N up to 8192,
     K up to 16384 (K/16 % 4 != 0 and K % 256 != 0 included), random split counts."""
@@ -122,15 +136,13 @@ def test_small_m_sweep(monkeypatch):
         dt = rng.choice([torch.float16, torch.bfloat16, torch.float32])
         alpha = rng.choice([None, 0.5, -2.0])
         cfg = rng.choice([None] + _small_m_configs())
-        splits = rng.choice([None, "1", "2", "3", "7"])
+        splits = rng.choice([0, 1, 2, 3, 7])  # 0: automatic
         if cfg is None and m > 32:
             m = rng.randint(1, 32)
         monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-        monkeypatch.delenv("NVFP4_GEMM_SM90_SPLITS", raising=False)
         if cfg:
             monkeypatch.setenv("NVFP4_GEMM_CONFIG", cfg)
-        if splits:
-            monkeypatch.setenv("NVFP4_GEMM_SM90_SPLITS", splits)
+        force_splits(splits)
         scales = rng.choice(["typical", "tiny"]) if dt == torch.float16 else rng.choice(["typical", "wide", "tiny"])
         inputs = _gpu_inputs(m, n, k, dt, alpha, scales, seed=100 + i)
         try:

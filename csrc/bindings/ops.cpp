@@ -13,6 +13,10 @@ namespace {
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
     if (c == '"' || c == '\\') out.push_back('\\');
     out.push_back(c);
   }
@@ -30,7 +34,8 @@ std::string backends_json() {
     for (int32_t i = 0; i < api->num_configs; ++i) {
       os << (i ? ", " : "") << "\"" << json_escape(api->config_names[i]) << "\"";
     }
-    os << "]}";
+    os << "], \"dispatch\": \"" << json_escape(api->dispatch_rules != nullptr ? api->dispatch_rules() : "")
+       << "\"}";
     first = false;
   }
   os << "}";
