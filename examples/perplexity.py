@@ -299,7 +299,7 @@ def main(argv=None) -> dict:
                    help="gptq: quantize columns by decreasing Hessian diagonal")
     p.add_argument("--gptq-scale", choices=("mse", "rtn"), default="mse", help="gptq: how each block scale is chosen")
     p.add_argument("--percdamp", type=float, default=0.01, help="gptq: damping, as a fraction of the mean Hessian diagonal")
-    p.add_argument("--global-candidates", type=int, default=4, help="mse (and gptq's mse scales): per-tensor scale candidates")
+    p.add_argument("--global-candidates", type=int, default=1, help="mse (and gptq's mse scales): per-tensor scale candidates")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
