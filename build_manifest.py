@@ -87,6 +87,17 @@ COMMON_NVCC_FLAGS = (
 INCLUDE_DIRS = ("csrc",)
 
 
+def diagnostics_build() -> bool:
+    """NVFP4_GEMM_DIAGNOSTICS=1 at build time: compile the kernels' diagnostics in (the sm90 timeline trace,
+    docs/SM90_NOTES.md). Never in a release build: it adds stamps to the kernels and syncs per launch."""
+    return os.environ.get("NVFP4_GEMM_DIAGNOSTICS", "") == "1"
+
+
+def diagnostics_flags() -> list[str]:
+    """Compiler defines of a diagnostics build ([] otherwise), for host and device code alike."""
+    return ["-DNVFP4_GEMM_DIAGNOSTICS=1"] if diagnostics_build() else []
+
+
 def requested_archs() -> list[str]:
     env = os.environ.get("NVFP4_GEMM_CUDA_ARCHS", "").replace(",", ";").strip()
     if env:
@@ -206,7 +217,7 @@ def _cmake() -> None:
     inc, origin = cutlass_include_dirs()
     print(f'set(NVFP4_CUTLASS_INCLUDE_DIRS "{";".join(inc)}")')
     print(f'set(NVFP4_CUTLASS_ORIGIN "{origin}")')
-    print(f'set(NVFP4_COMMON_NVCC_FLAGS "{";".join(COMMON_NVCC_FLAGS)}")')
+    print(f'set(NVFP4_COMMON_NVCC_FLAGS "{";".join(COMMON_NVCC_FLAGS + tuple(diagnostics_flags()))}")')
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     lib_inc, lib_dirs = cuda_library_dirs(cuda_home, log=lambda _m: None)
     print(f'set(NVFP4_CUDA_LIBRARY_INCLUDE_DIRS "{";".join(lib_inc)}")')

@@ -7,6 +7,8 @@ Environment:
     CUTLASS_DIR            a CUTLASS checkout (else third_party/cutlass, else the nvidia-cutlass package)
     MAX_JOBS               parallel compile jobs (default: cores, capped by free memory at ~7 GiB a job)
     NVFP4_GEMM_CPU_ONLY=1  build the CPU backend only, even with a CUDA build of torch
+    NVFP4_GEMM_DIAGNOSTICS=1  a diagnostics build: kernel timeline traces compiled in (docs/SM90_NOTES.md);
+                           slower, never for production
 Sources and flags come from build_manifest.py, which CMakeLists.txt reads too.
 """
 from __future__ import annotations
@@ -103,6 +105,8 @@ def extensions():
     archs = bm.requested_archs() if with_cuda else []
     if with_cuda:
         log(f"CUDA {torch.version.cuda}, archs {';'.join(archs)} (NVFP4_GEMM_CUDA_ARCHS)")
+    if bm.diagnostics_build():
+        log("NVFP4_GEMM_DIAGNOSTICS=1: a diagnostics build (kernel traces compiled in; not for production)")
     mods = bm.enabled_modules(archs, with_cuda)
     cutlass_inc, cutlass_origin = [], None
     if any(m.needs_cutlass for m, _ in mods):
@@ -116,7 +120,7 @@ def extensions():
         if not sources:
             continue
         includes = [os.path.join(ROOT, d) for d in bm.INCLUDE_DIRS] + (cutlass_inc if m.needs_cutlass else [])
-        defines = ["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []
+        defines = (["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []) + bm.diagnostics_flags()
         cxx = list(bm.COMMON_CXX_FLAGS) + defines
         name = f"nvfp4_gemm.{m.name}"
         if with_cuda:
@@ -144,6 +148,7 @@ def extensions():
         "archs": archs,
         "modules": [e.name.split(".")[-1] for e in exts],
         "cutlass": cutlass_origin,
+        "diagnostics": bm.diagnostics_build(),
     }
     with open(os.path.join(ROOT, "nvfp4_gemm", "_build_info.py"), "w") as f:
         f.write("# Written by setup.py: what this build of nvfp4_gemm contains.\n")

@@ -40,7 +40,7 @@ tail -4 "$OUT/minilm.log"
 
 step sanitizer
 for tool in memcheck racecheck; do
-  timeout 150 compute-sanitizer --tool $tool --print-limit 10 python3 benchmarks/sm90_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
+  timeout 150 compute-sanitizer --tool $tool --print-limit 10 python3 benchmarks/diagnostics/sm90_sanitize_cases.py > "$OUT/sanitize_$tool.log" 2>&1
   echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|Race" "$OUT/sanitize_$tool.log" | head -4
 done
 cp benchmarks/RESULTS.md "$OUT/RESULTS.md"

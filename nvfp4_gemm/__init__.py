@@ -2,7 +2,8 @@
 
     C = nvfp4_gemm.mm(a, b, sfa, sfb, alpha=None, out_dtype=torch.float16)
 
-computes alpha * (A * sfa) @ (B * sfb)^T. See README.md and SPEC.md for formats and rules.
+computes alpha * (A * sfa) @ (B * sfb)^T; with float activations a and sfa=None, alpha * A @ (B * sfb)^T
+(weight-only). See README.md and SPEC.md for formats and rules.
 """
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ from .formats import (  # noqa: E402
     to_blocked,
     unpack_e2m1,
 )
-from .info import configs, info  # noqa: E402
-from .ops import mm  # noqa: E402
+from .info import configs, dispatch_rules, info  # noqa: E402
+from .ops import linear, mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
 from .nn import NVFP4Linear, quantize_model  # noqa: E402
+from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
 
 __all__ = [
     "mm",
+    "linear",
     "reference_mm",
     "dequantize",
     "to_blocked",
@@ -39,9 +42,14 @@ __all__ = [
     "unpack_e2m1",
     "info",
     "configs",
+    "dispatch_rules",
     "quantize",
     "reference_quantize",
     "global_encode_scale",
     "NVFP4Linear",
     "quantize_model",
+    "from_pretrained",
+    "save_pretrained",
+    "CheckpointError",
+    "UnsupportedFormatError",
 ]

@@ -4,17 +4,26 @@ For each default shape (the three GPU MODE benchmark shapes, decode and prefill 
 CUDA device if there is one (else the CPU), checks the result against the float64 reference with
 SPEC.md's bound, and prints time, TFLOP/s, GB/s (bytes mm must move: packed A and B, scales, C) and the
 worst error as a fraction of the bound (<= 1 passes). Exit status 1 if any shape fails.
+
+`python -m nvfp4_gemm --selftest` instead runs every dispatch entry of this machine (each kernel config of
+the backends that can run on the local GPU, forced by name, the generic CUDA path and the CPU backend) on
+shapes it accepts, checks each against the reference with SPEC.md's bound and prints a report to paste into
+a bug report (versions, device, build, PASS/FAIL per entry). The first thing to run on new hardware.
+Exit status 1 if any entry fails.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
 
 import torch
 
 from . import info, mm
-from .testing import Case, error_ratio, make_inputs, median_seconds
+from .testing import Case, dispatch_entries, error_ratio, make_inputs, median_seconds, run_dispatch_entries
 
 GPU_MODE_SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048)]
 EXTRA_SHAPES = [(1, 7168, 16384), (16, 4096, 7168), (512, 4096, 7168), (2304, 4608, 7168)]
@@ -32,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=None, help="M,N,K;M,N,K;... (default: built-in list)")
     p.add_argument("--out-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--json", default=None, help="also write the table as JSON to this path")
+    p.add_argument("--selftest", action="store_true",
+                   help="check every dispatch entry of this machine against the reference and print a report")
     args = p.parse_args(argv)
+    if args.selftest:
+        return selftest()
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_dtype = getattr(torch, args.out_dtype)
@@ -66,6 +79,92 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": dev_name, "out_dtype": args.out_dtype, "info": inf, "rows": rows}, f, indent=1)
     print(f"{len(shapes) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver release (nvidia-smi), else the CUDA version the driver supports (libcuda)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import ctypes
+
+        v = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v)) == 0:
+            return f"unknown release (supports CUDA {v.value // 1000}.{v.value % 1000 // 10})"
+    except OSError:
+        pass
+    return "none found"
+
+
+def selftest() -> int:
+    import importlib.metadata
+
+    from . import __file__ as pkg_file
+
+    try:
+        version = importlib.metadata.version("nvfp4_gemm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "not installed (imported from the source tree)"
+    inf = info()
+    print("nvfp4_gemm selftest (paste this whole report into a bug report)")
+    print(f"  package    nvfp4_gemm {version} at {os.path.dirname(os.path.abspath(pkg_file))}")
+    print(f"  python     {platform.python_version()} on {platform.platform()}")
+    print(f"  torch      {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(f"  driver     {_driver_version()}")
+    print(f"  build      {json.dumps(inf['build'], sort_keys=True)}")
+    print(f"  modules    loaded {', '.join(inf['modules'])}; failed to load: "
+          f"{json.dumps(inf['modules_failed_to_load']) if inf['modules_failed_to_load'] else 'none'}")
+    print(f"  configs    {json.dumps({k: v['configs'] for k, v in inf['backends'].items()})}")
+    # The first-use self-check (SM100 configs against torch._scaled_mm) would send a broken config's
+    # problems to the generic path, so that the config looked right here: check the kernels themselves.
+    # Read once per process: set before the first mm call.
+    os.environ.setdefault("NVFP4_GEMM_SELFCHECK", "0")
+    print(f"  selfcheck  NVFP4_GEMM_SELFCHECK={os.environ['NVFP4_GEMM_SELFCHECK']} (0: each config runs as is)")
+    forced = {k: os.environ[k] for k in ("NVFP4_GEMM_BACKEND", "NVFP4_GEMM_CONFIG") if k in os.environ}
+    if forced:
+        print(f"  note       {forced} set in the environment; the selftest forces each entry itself")
+
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] + [torch.device("cpu")]
+    skipped = []
+    if not torch.cuda.is_available():
+        why = ("torch has no CUDA" if torch.version.cuda is None else
+               "no CUDA device visible (torch.cuda.is_available() is False: no GPU, or a driver too old for "
+               f"CUDA {torch.version.cuda})")
+        cuda_backends = [f"{b} ({len(v['configs'])} config{'s' * (len(v['configs']) != 1)})"
+                         for b, v in inf["backends"].items() if b != "cpu"]
+        skipped.append(f"{', '.join(cuda_backends) or 'CUDA backends (not in this build)'}: {why}")
+    rows = []
+    for dev in devices:
+        if dev.type == "cuda":
+            props = torch.cuda.get_device_properties(dev)
+            print(f"  device     {dev}: {props.name}, SM {props.major}.{props.minor}, {props.multi_processor_count} SMs, "
+                  f"{props.total_memory / 2**30:.0f} GiB")
+        entries, not_here = dispatch_entries(dev)
+        skipped += [f"{dev}: {s}" for s in not_here]
+        rows += run_dispatch_entries(dev, entries)
+
+    print()
+    w = max([len(r.config) for r in rows] + [6])
+    header = f"{'device':<7} {'backend':<8} {'config':<{w}} {'result':<6} {'err/bound':>9}  shapes run"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r.device:<7} {r.backend:<8} {r.config:<{w}} {'PASS' if r.ok else 'FAIL':<6} {r.worst:>9.3f}  "
+              f"{', '.join(r.ran) or '-'}")
+        for f in r.failures:
+            print(f"    FAIL {f}")
+        for why in r.refused:
+            print(f"    (not run: {why})")
+    for s in skipped:
+        print(f"skipped: {s}")
+    failed = sum(not r.ok for r in rows)
+    print(f"{len(rows) - failed} of {len(rows)} entries passed, {failed} failed")
     return 1 if failed else 0
 
 

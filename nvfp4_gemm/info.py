@@ -21,6 +21,17 @@ def configs() -> dict[str, list[str]]:
     return {name: v["configs"] for name, v in json.loads(torch.ops.nvfp4_gemm._backends_json()).items()}
 
 
+def dispatch_rules() -> dict[str, str]:
+    """What runs for which shape, per backend: each arch module's dispatch table as text (one rule a line,
+    first match wins), then the generic path and the CPU backend."""
+    rules = {name: v.get("dispatch", "") for name, v in json.loads(torch.ops.nvfp4_gemm._backends_json()).items()}
+    if _build_info().get("with_cuda"):
+        rules["generic"] = ("every CUDA problem no arch table takes, and the weight-only form: decode to "
+                            "fp16/bf16/fp32, one cuBLAS GEMM\n")
+    rules["cpu"] = "every problem on CPU tensors: exact decode, fp32 matmul\n"
+    return rules
+
+
 def info() -> dict:
     """The build (archs, modules, CUTLASS origin), the backends and configs, and what runs on this device."""
     from . import _native

@@ -6,6 +6,8 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
+import zlib
 
 import torch
 
@@ -75,53 +77,136 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
     return dict(a=a, b=b, sfa=sfa, sfb=sfb, alpha=alpha, out_dtype=case.out_dtype)
 
 
+class Reference:
+    """SPEC.md's reference for one set of inputs, computed once (float64 decode and sum on `device`, default
+    the inputs' device) so that many outputs (configs, devices, repeated calls) are checked against it.
+    sfa None is the weight-only form: a holds float activations [M, K], taken exactly."""
+
+    def __init__(self, inputs: dict, device: str | torch.device | None = None):
+        a, b, sfa, sfb, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "alpha", "out_dtype"))
+        dev = torch.device(device) if device is not None else a.device
+        if sfa is None:  # weight-only: float activations [M, K], exact in float64
+            k = a.shape[1]
+            ad = a.to(dev, torch.float64)
+        else:
+            k = a.shape[1] * 2
+            ad = dequantize(a.to(dev), sfa.to(dev), k, torch.float64)
+        bd = dequantize(b.to(dev), sfb.to(dev), k, torch.float64)
+        al = 1.0 if alpha is None else float(alpha.reshape(()))
+        self.m, self.n, self.out_dtype, self.device = a.shape[0], b.shape[0], dt, dev
+        self.ref = (ad @ bd.T) * al
+        mag = (ad.abs() @ bd.abs().T) * abs(al)
+        self.bound = 2 * UNIT_ROUNDOFF[dt] * self.ref.abs() + 2.0**-16 * mag + SMALLEST_SUBNORMAL[dt]
+
+    def ratio(self, out: torch.Tensor) -> tuple[float, str]:
+        """Worst |out - ref| / bound over the elements (<= 1 passes) and a description of the worst violation
+        ('' if none). NaN exactly where ref is NaN. Overflow: where even |ref| - bound rounds to inf in
+        out_dtype, the inf of ref's sign is required; where |ref| + bound would round to inf but |ref| - bound
+        does not, that inf or a finite value within the bound is right (fp32 accumulation decides). A NaN or
+        inf mismatch gives ratio inf."""
+        m, n, dt, ref, bound = self.m, self.n, self.out_dtype, self.ref, self.bound
+        assert out.shape == (m, n), f"shape {tuple(out.shape)} != {(m, n)}"
+        assert out.dtype == dt, f"dtype {out.dtype} != {dt}"
+        got = out.detach().to(self.device, torch.float64)
+
+        ref_nan, got_nan = torch.isnan(ref), torch.isnan(got)
+        bad_nan = ref_nan != got_nan
+        if bad_nan.any():
+            return math.inf, (f"NaN mismatch at {bad_nan.nonzero()[:5].tolist()}: ref has {int(ref_nan.sum())} NaN, "
+                              f"out has {int(got_nan.sum())}")
+        signed_inf = torch.where(ref < 0, -math.inf, math.inf).to(torch.float64)
+        must_inf = ~ref_nan & torch.isinf((ref.abs() - bound).clamp(min=0).to(dt))
+        may_inf = ~ref_nan & torch.isinf((ref.abs() + bound).to(dt))
+        bad_inf = must_inf & (got != signed_inf)
+        if bad_inf.any():
+            i, j = bad_inf.nonzero()[0].tolist()
+            return math.inf, (f"{int(bad_inf.sum())} elements should overflow to inf; first at ({i}, {j}): "
+                              f"out={got[i, j].item()!r} ref={ref[i, j].item()!r}")
+        exempt = ref_nan | must_inf | (may_inf & (got == signed_inf))
+        ratio = torch.where(exempt, torch.zeros_like(ref), (got - ref).abs() / bound)
+        ratio = torch.nan_to_num(ratio, nan=math.inf)  # inf out where ref is finite
+        if ratio.numel() == 0:
+            return 0.0, ""
+        worst = float(ratio.max())
+        if worst <= 1.0:
+            return worst, ""
+        idx = int(ratio.argmax())
+        i, j = divmod(idx, n)
+        return worst, (f"{int((ratio > 1).sum())} of {m * n} elements out of bound; worst at ({i}, {j}): "
+                       f"out={got[i, j].item()!r} ref={ref[i, j].item()!r} bound={bound[i, j].item():.3g}")
+
+    def check(self, out: torch.Tensor, context: str = "") -> float:
+        """Raises AssertionError (prefixed by `context`, e.g. the case and seed) if `out` violates the bound;
+        returns the worst ratio."""
+        worst, msg = self.ratio(out)
+        assert worst <= 1.0, f"{context}: {msg}" if context else msg
+        return worst
+
+
 def error_ratio(out: torch.Tensor, inputs: dict) -> tuple[float, str]:
-    """Worst |out - ref| / bound over the elements (<= 1 passes SPEC.md), and a description of the worst
-    violation ('' if none). The bound: |out - ref| <= 2u|ref| + 2^-16 sum|a b| |alpha| + d; inf where ref
-    overflows out_dtype; NaN exactly where ref is NaN (a NaN or inf mismatch gives ratio inf).
-    Computed in float64 on the inputs' device."""
-    a, b, sfa, sfb, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "alpha", "out_dtype"))
-    m, n = a.shape[0], b.shape[0]
-    assert out.shape == (m, n), f"shape {tuple(out.shape)} != {(m, n)}"
-    assert out.dtype == dt, f"dtype {out.dtype} != {dt}"
-    assert out.device == a.device, f"device {out.device} != {a.device}"
-    k = a.shape[1] * 2
-    ad = dequantize(a, sfa, k, torch.float64)
-    bd = dequantize(b, sfb, k, torch.float64)
-    al = 1.0 if alpha is None else float(alpha.reshape(()))
-    ref = (ad @ bd.T) * al
-    mag = (ad.abs() @ bd.abs().T) * abs(al)
-    got = out.detach().to(torch.float64)
-
-    ref_nan, got_nan = torch.isnan(ref), torch.isnan(got)
-    bad_nan = ref_nan != got_nan
-    if bad_nan.any():
-        return math.inf, (f"NaN mismatch at {bad_nan.nonzero()[:5].tolist()}: ref has {int(ref_nan.sum())} NaN, "
-                          f"out has {int(got_nan.sum())}")
-    ref_rounded = ref.to(dt).to(torch.float64)
-    overflow = torch.isinf(ref_rounded) & ~ref_nan
-    bad_inf = overflow & (got != ref_rounded)
-    if bad_inf.any():
-        return math.inf, f"expected inf at {bad_inf.nonzero()[:5].tolist()}"
-    finite = ~ref_nan & ~overflow
-    bound = 2 * UNIT_ROUNDOFF[dt] * ref.abs() + 2.0**-16 * mag + SMALLEST_SUBNORMAL[dt]
-    ratio = torch.where(finite, (got - ref).abs() / bound, torch.zeros_like(ref))
-    ratio = torch.nan_to_num(ratio, nan=math.inf)  # inf out where ref is finite
-    if ratio.numel() == 0:
-        return 0.0, ""
-    worst = float(ratio.max())
-    if worst <= 1.0:
-        return worst, ""
-    idx = int(ratio.argmax())
-    i, j = divmod(idx, n)
-    return worst, (f"{int((ratio > 1).sum())} of {m * n} elements out of bound; worst at ({i}, {j}): "
-                   f"out={got[i, j].item()!r} ref={ref[i, j].item()!r} bound={bound[i, j].item():.3g}")
+    """Worst |out - ref| / bound over the elements (<= 1 passes SPEC.md) and a description of the worst
+    violation ('' if none); see Reference.ratio. Computed in float64 on the inputs' device."""
+    assert out.device == inputs["a"].device, f"device {out.device} != {inputs['a'].device}"
+    return Reference(inputs).ratio(out)
 
 
-def check_against_reference(out: torch.Tensor, inputs: dict) -> None:
-    """Raises AssertionError naming the worst element if `out` violates SPEC.md's bound."""
-    worst, msg = error_ratio(out, inputs)
-    assert worst <= 1.0, msg
+def check_against_reference(out: torch.Tensor, inputs: dict, context: str = "") -> None:
+    """Raises AssertionError naming the worst element (after `context`: say which case and seed, so that
+    the failure can be replayed) if `out` violates SPEC.md's bound."""
+    assert out.device == inputs["a"].device, f"device {out.device} != {inputs['a'].device}"
+    Reference(inputs).check(out, context)
+
+
+def case_seed(case: Case) -> int:
+    """The seed of a case's random data: a digest of its id, the same in every process and on every
+    machine (Python's hash() of a str changes per process), so a failure replays with
+    make_inputs(case, device, seed=case_seed(case))."""
+    return zlib.crc32(case.id.encode())
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """One-byte dtypes (fp4x2, e4m3) as uint8: copy_ and zero_ are not implemented for all of them."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _zeros_like(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(t)
+    _bytes(out).zero_()
+    return out
+
+
+# torch.cuda._sleep spins this many GPU clock cycles: ~25-35 ms at 1.4-2 GHz, thousands of times longer
+# than the host needs to enqueue the copies and the op that follow it.
+SLOW_PRODUCER_CYCLES = 50_000_000
+
+
+def run_after_slow_producer(fn, inputs: dict, keys=("a", "b", "sfa", "sfb", "alpha")):
+    """Calls fn(**copies) on a fresh side stream whose copies of `inputs` (CUDA tensors) are still being
+    produced there: the copies are zero-filled and the side stream synchronized first, then the side stream
+    spins (torch.cuda._sleep) and only then copies the real values in (device to device, so the host never
+    waits), and fn is called right away on that stream. Only the side stream is synchronized before the
+    result is returned.
+
+    An op that launches on the current stream reads the real values. One that launches on the legacy
+    default stream (or any other) runs while the side stream still spins: torch's side streams are
+    non-blocking, so nothing orders it after the copies, and it reads zeros; or it finishes after the side
+    stream's synchronize, so its output is unfinished when checked. Either way the result is wrong.
+    Returns (out, copies): check `out` against the original inputs."""
+    device = inputs["a"].device
+    assert device.type == "cuda", "run_after_slow_producer needs CUDA tensors"
+    side = torch.cuda.Stream(device=device)
+    torch.cuda.current_stream(device).synchronize()  # the originals are ready before the race starts
+    with torch.cuda.stream(side):
+        copies = {k: (_zeros_like(v) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    side.synchronize()  # zeros in place: a premature read sees zeros, never stale correct data
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLOW_PRODUCER_CYCLES)
+        for k in keys:
+            if isinstance(inputs.get(k), torch.Tensor):
+                _bytes(copies[k]).copy_(_bytes(inputs[k]))
+        out = fn(**copies)
+    side.synchronize()
+    return out, copies
 
 
 def poison_cuda_allocator(nbytes: int, device: torch.device) -> None:
@@ -159,3 +244,142 @@ def median_seconds(fn, device: torch.device | str = "cuda") -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+# --- Every dispatch entry of a device, forced one at a time (python -m nvfp4_gemm --selftest, the
+# multi-GPU test). Each case's shape is off every tile size in M, N and K (K/16 % 4 != 0 in the first
+# three); the last is a GPU MODE benchmark shape. A config that refuses a shape is tried on the others.
+PROBE_CASES = (
+    Case(7, 136, 544),
+    Case(100, 264, 1056, torch.bfloat16, alpha=0.5),
+    Case(300, 512, 2080, torch.float32, alpha=-0.75),
+    Case(128, 4096, 7168, alpha=0.5),
+)
+CPU_PROBE_CASES = PROBE_CASES[:3]  # the last takes the CPU backend and reference seconds
+GENERIC_CONFIG = "decode+cublas"
+CPU_CONFIG = "decode+fp32 matmul"
+
+
+@dataclasses.dataclass
+class EntryResult:
+    backend: str
+    config: str
+    device: str
+    worst: float = 0.0                                  # worst error / bound over the cases that ran
+    ran: list = dataclasses.field(default_factory=list)       # case ids
+    refused: list = dataclasses.field(default_factory=list)   # "case id: why" (forced config cannot take it)
+    failures: list = dataclasses.field(default_factory=list)  # "case id (seed s): what went wrong"
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.ran) and not self.failures
+
+
+def dispatch_entries(device: str | torch.device) -> tuple[list[tuple[str, str]], list[str]]:
+    """(backend, config) for every dispatch entry that can run on `device` (each config of the arch
+    backends compiled into this build whose SM matches, then the generic path; on the CPU, the CPU
+    backend), and a note for each compiled backend that cannot run there."""
+    from .info import configs
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return [("cpu", CPU_CONFIG)], []
+    major, minor = torch.cuda.get_device_capability(dev)
+    sm = major * 10 + minor
+    runnable = set(torch.ops.nvfp4_gemm._backends_for_sm(sm))
+    entries, skipped = [], []
+    for backend, names in configs().items():
+        if backend in runnable:
+            entries += [(backend, name) for name in names]
+        else:
+            skipped.append(f"{backend} ({len(names)} configs): its kernels cannot run on SM {major}.{minor}")
+    if sm >= 80:
+        entries.append(("generic", GENERIC_CONFIG))
+    else:
+        skipped.append(f"generic: needs SM >= 8.0, device is SM {major}.{minor}")
+    return entries, skipped
+
+
+class forced_entry:
+    """Context manager: routes mm to one dispatch entry through NVFP4_GEMM_CONFIG / NVFP4_GEMM_BACKEND
+    (process-wide environment: not for use while other threads call mm), restoring both afterwards."""
+
+    def __init__(self, backend: str, config: str):
+        self.env = {"NVFP4_GEMM_CONFIG": None, "NVFP4_GEMM_BACKEND": None}
+        if backend == "generic":
+            self.env["NVFP4_GEMM_BACKEND"] = "generic"
+        elif backend != "cpu":
+            self.env["NVFP4_GEMM_CONFIG"] = config
+
+    def __enter__(self):
+        import os
+
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        for k, v in self.env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False
+
+
+def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -> list[EntryResult]:
+    """Runs each entry (default: dispatch_entries(device)) on each case (default PROBE_CASES, or
+    CPU_PROBE_CASES on the CPU) and checks it against the reference with SPEC.md's bound. Each case's
+    inputs and reference are made once (seed case_seed(case)); each call is followed by a synchronize
+    so that an asynchronous launch error is charged to the entry that caused it."""
+    from .ops import mm
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if entries is None:
+        entries = dispatch_entries(dev)[0]
+    if cases is None:
+        cases = CPU_PROBE_CASES if dev.type == "cpu" else PROBE_CASES
+    prepared = []
+    for case in cases:
+        inputs = make_inputs(case, dev, seed=case_seed(case))
+        prepared.append((case, inputs, Reference(inputs)))
+    results = []
+    for backend, config in entries:
+        r = EntryResult(backend, config, str(dev))
+        for case, inputs, ref in prepared:
+            tag = f"{case.id} (seed {case_seed(case)})"
+            try:
+                with forced_entry(backend, config), warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    out = mm(**inputs)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                # A config that fails its first-use self-check warns and hands its problems to the generic
+                # path: right numbers, but that config is broken.
+                for w in caught:
+                    if "self-check" in str(w.message) and "FAILED" in str(w.message):
+                        r.failures.append(f"{tag}: {w.message}")
+            except RuntimeError as e:
+                msg = str(e).strip().splitlines()[0]
+                if "cannot run M=" in msg:  # the forced config's own refusal of this shape, with its reason
+                    r.refused.append(f"{case.id}: {msg}")
+                else:
+                    r.failures.append(f"{tag}: {type(e).__name__}: {msg}")
+                continue
+            worst, msg = ref.ratio(out)
+            r.ran.append(case.id)
+            r.worst = max(r.worst, worst)
+            if worst > 1.0:
+                r.failures.append(f"{tag}: {msg}")
+        if not r.ran and not r.failures:
+            r.failures.append("refused every probe shape: " + "; ".join(r.refused))
+        results.append(r)
+    return results

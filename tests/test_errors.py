@@ -28,8 +28,11 @@ def good(backend):
 
 
 def test_wrong_dtype_of_each_tensor(good):
-    expect_error(r"a must be packed e2m1 data of dtype torch.uint8 or torch.float4_e2m1fn_x2, got Float", good,
-                 a=good["a"].float())
+    expect_error(r"a must be packed e2m1 data of dtype torch.uint8 or torch.float4_e2m1fn_x2, or float16 / "
+                 r"bfloat16 / float32 activations for the weight-only form \(with sfa=None\), got Int", good,
+                 a=good["a"].to(torch.int32))
+    # Float a is the weight-only form, which takes no sfa.
+    expect_error(r"sfa must be None when a holds Float activations", good, a=good["a"].float())
     expect_error(r"b must be packed e2m1 data .* got Short", good, b=good["b"].to(torch.int16))
     expect_error(r"sfa must hold e4m3 scales of dtype torch.float8_e4m3fn or torch.uint8, got Float", good,
                  sfa=good["sfa"].float())

@@ -9,10 +9,11 @@ import torch
 import nvfp4_gemm
 from nvfp4_gemm.formats import blocked_shape
 from nvfp4_gemm.gpumode import custom_kernel
-from nvfp4_gemm.testing import Case, check_against_reference, make_inputs
+from nvfp4_gemm.testing import Case, case_seed, check_against_reference, make_inputs
 
 
-def gpumode_tuple(m, n, k, batches, device, seed=0):
+def gpumode_tuple(m, n, k, batches, device):
+    seed = case_seed(Case(m, n, k))
     per = [make_inputs(Case(m, n, k), device, seed=seed + l) for l in range(batches)]
 
     def data(key):  # [L, rows, K/2] -> [rows, K/2, L], float4_e2m1fn_x2
@@ -38,7 +39,7 @@ def test_custom_kernel_matches_reference(backend, m, n, k, batches):
     c = custom_kernel(tup)
     assert c.data_ptr() == tup[-1].data_ptr()
     for l, inputs in enumerate(per):
-        check_against_reference(c[:, :, l], inputs)
+        check_against_reference(c[:, :, l], inputs, f"batch {l}, seed {case_seed(Case(m, n, k)) + l}")
 
 
 def test_custom_kernel_rejects_mismatched_batches():

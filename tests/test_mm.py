@@ -1,11 +1,16 @@
 """nvfp4_gemm.mm against reference_mm on generated cases, for every backend available here."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import zlib
+
 import pytest
 import torch
 
 import nvfp4_gemm
-from nvfp4_gemm.testing import Case, check_against_reference, make_inputs, poison_cuda_allocator
+from nvfp4_gemm.testing import Case, case_seed, check_against_reference, make_inputs, poison_cuda_allocator
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -35,13 +40,43 @@ CASES = [
 ]
 
 
+def case_inputs(case: Case, device) -> dict:
+    """The case's data: its seed is a digest of the case id (see test_case_data_is_the_same_in_every_process)."""
+    return make_inputs(case, device, seed=case_seed(case))
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_mm_matches_reference(backend, case):
-    _, device = backend
-    inputs = make_inputs(case, device, seed=hash(case.id) % 2**31)
+    name, device = backend
+    seed = case_seed(case)
+    inputs = case_inputs(case, device)
     poison_cuda_allocator(case.m * case.n * torch.finfo(case.out_dtype).bits // 8, device)
     out = nvfp4_gemm.mm(**inputs)
-    check_against_reference(out, inputs)
+    check_against_reference(out, inputs, f"backend {name}, case {case.id}, replay with "
+                                         f"make_inputs(case, {str(device)!r}, seed={seed})")
+
+
+def _inputs_digest(case: Case) -> int:
+    inputs = case_inputs(case, "cpu")
+    digest = 0
+    for key in ("a", "b", "sfa", "sfb"):
+        digest = zlib.crc32(inputs[key].contiguous().view(torch.uint8).numpy().tobytes(), digest)
+    return digest
+
+
+def test_case_data_is_the_same_in_every_process():
+    """A case's data depends on the case only: another process (another string-hash seed, as each Python
+    process gets) generates the same bytes, so a failure seen once replays anywhere."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    picked = (CASES[0], CASES[9], CASES[-1])
+    code = (f"import sys; sys.path.insert(0, {here!r})\n"
+            "import test_mm\n"
+            f"print([test_mm._inputs_digest(test_mm.CASES[i]) for i in (0, 9, {len(CASES) - 1})])\n")
+    other = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"  # this process's is random, or not 1
+    env = dict(os.environ, PYTHONHASHSEED=other)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == str([_inputs_digest(c) for c in picked])
 
 
 def test_empty_m_gives_empty_result(backend):
@@ -86,3 +121,38 @@ def test_output_rounded_once_from_fp32_accumulation(backend):
     out = nvfp4_gemm.mm(a, b, nvfp4_gemm.to_blocked(sfa).to(device), nvfp4_gemm.to_blocked(sfb).to(device))
     assert out[0, 0].item() == 1024.0  # 1024.5 ties to even
     assert out[1, 0].item() == 1025.0  # 1025 exact
+
+
+def test_the_checker_rejects_what_spec_rejects():
+    """nvfp4_gemm.testing.Reference (SPEC.md's bound) on hand-made outputs: the reference rounded once
+    passes; one element off by twice its bound, a NaN where the reference has none, or a finite value where
+    even |ref| - bound overflows fails; inf or a value within the bound where only |ref| + bound overflows
+    passes."""
+    from nvfp4_gemm.testing import Reference
+
+    case = Case(7, 64, 96)
+    inputs = make_inputs(case, "cpu", seed=case_seed(case))
+    ref = Reference(inputs)
+    good = ref.ref.to(torch.float16)
+    assert ref.ratio(good)[0] <= 1.0
+    off = good.clone()
+    off[3, 5] = float(ref.ref[3, 5] + 2 * ref.bound[3, 5])
+    assert ref.ratio(off)[0] > 1.0 and "worst at (3, 5)" in ref.ratio(off)[1]
+    nan = good.clone()
+    nan[0, 0] = float("nan")
+    assert ref.ratio(nan)[0] == float("inf") and "NaN mismatch" in ref.ratio(nan)[1]
+
+    # fp16 overflows from 65520 on. Row 0: well past it; row 1: within the bound of it.
+    edge = Reference(inputs)
+    edge.ref[0, 0], edge.bound[0, 0] = 70000.0, 40.0
+    edge.ref[1, 0], edge.bound[1, 0] = 65510.0, 40.0
+    out = edge.ref.to(torch.float16)
+    out[1, 0] = 65504.0
+    assert edge.ratio(out)[0] <= 1.0
+    out[1, 0] = float("inf")
+    assert edge.ratio(out)[0] <= 1.0
+    out[1, 0] = float("-inf")
+    assert edge.ratio(out)[0] > 1.0
+    out[1, 0] = 65504.0
+    out[0, 0] = 65504.0
+    assert edge.ratio(out)[0] == float("inf") and "should overflow to inf" in edge.ratio(out)[1]

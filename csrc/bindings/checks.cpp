@@ -1,5 +1,6 @@
 #include "bindings/checks.h"
 
+#include <climits>
 #include <sstream>
 #include <string>
 
@@ -81,15 +82,35 @@ void check_blocked_scales(const at::Tensor& sf, const char* name, const char* ro
               sf.dim(), "-D tensor of shape ", shape_str(sf));
 }
 
+bool is_activation_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
+// The rules the GPU kernels read an operand under: unit stride along its last dim, rows 16 bytes apart,
+// 16-byte aligned data.
 void check_gpu_readable(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, "nvfp4_gemm.mm: ", name,
               " must be K-major (stride 1 along its last dim) for the GPU kernels, got strides ",
               stride_str(t), "; call .contiguous() first");
-  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) % 16 == 0, "nvfp4_gemm.mm: ", name,
-              " rows must start 16 bytes apart (row stride a multiple of 16 bytes), got row stride ",
-              t.stride(0), "; call .contiguous() first");
+  TORCH_CHECK(t.size(0) <= 1 || (t.stride(0) * static_cast<int64_t>(t.element_size())) % 16 == 0,
+              "nvfp4_gemm.mm: ", name, " rows must start 16 bytes apart (row stride a multiple of ",
+              16 / t.element_size(), " elements), got row stride ", t.stride(0), "; call .contiguous() first");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "nvfp4_gemm.mm: ", name,
               " data must be 16-byte aligned, got address ", t.data_ptr(), "; call .clone() first");
+}
+
+void check_out(const at::Tensor& out, int64_t m, int64_t n, at::ScalarType dtype, const at::Device& dev,
+               bool gpu_rules) {
+  TORCH_CHECK(out.device() == dev, "nvfp4_gemm.mm: out must be on a's device (", dev, "), got ", out.device());
+  TORCH_CHECK(out.scalar_type() == dtype, "nvfp4_gemm.mm: out must have the result dtype ", dtype, ", got ",
+              out.scalar_type());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n, "nvfp4_gemm.mm: out must have shape [M, N] = [",
+              m, ", ", n, "], got ", shape_str(out));
+  if (!gpu_rules || m == 0 || n == 0) return;
+  TORCH_CHECK(out.stride(1) == 1 && (m == 1 || (out.stride(0) >= n && (out.stride(0) * out.element_size()) % 16 == 0)),
+              "nvfp4_gemm.mm: out must have unit stride along N and rows a multiple of 16 bytes apart for the GPU "
+              "kernels, got strides ", stride_str(out), " for shape ", shape_str(out),
+              "; pass a contiguous tensor");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "nvfp4_gemm.mm: out data must be 16-byte "
+              "aligned for the GPU kernels, got address ", out.data_ptr());
 }
 
 }  // namespace
@@ -105,10 +126,12 @@ OutDtype to_out_dtype(at::ScalarType t) {
   }
 }
 
-MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sfa,
+MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
                         const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
-                        std::optional<at::ScalarType> out_dtype, bool gpu_rules) {
-  const at::ScalarType odt = out_dtype.value_or(at::kHalf);
+                        std::optional<at::ScalarType> out_dtype, const at::Tensor* out, bool gpu_rules) {
+  const bool weight_only = is_activation_dtype(a.scalar_type());
+  const at::ScalarType odt =
+      out_dtype.has_value() ? *out_dtype : out != nullptr ? out->scalar_type() : weight_only ? a.scalar_type() : at::kHalf;
   to_out_dtype(odt);
 
   const at::Device dev = a.device();
@@ -117,20 +140,39 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const at::Tens
                 "), got ", t.device());
   };
   same_device(b, "b");
-  same_device(sfa, "sfa");
   same_device(sfb, "sfb");
 
-  check_packed(a, "a", "M");
-  check_packed(b, "b", "N");
-  const int64_t m = a.size(0), n = b.size(0), k = a.size(1) * 2;
-  TORCH_CHECK(b.size(1) == a.size(1), "nvfp4_gemm.mm: a and b must have the same K: a is [M, K/2] = ",
-              shape_str(a), " (K=", k, "), b is [N, K/2] = ", shape_str(b), " (K=", b.size(1) * 2, ")");
+  int64_t k = 0;
+  if (weight_only) {
+    TORCH_CHECK(!sfa.has_value(), "nvfp4_gemm.mm: sfa must be None when a holds ", a.scalar_type(),
+                " activations (the weight-only form multiplies them as they are); pass packed e2m1 a "
+                "(torch.uint8 / torch.float4_e2m1fn_x2) to use sfa");
+    TORCH_CHECK(a.dim() == 2, "nvfp4_gemm.mm: weight-only a must be 2-D [M, K] activations, got ", a.dim(),
+                "-D tensor of shape ", shape_str(a));
+    k = a.size(1);
+    check_packed(b, "b", "N");
+    TORCH_CHECK(b.size(1) * 2 == k, "nvfp4_gemm.mm: b must be [N, K/2] packed e2m1 with K = a.shape[1] = ", k,
+                " (weight-only form), got b of shape ", shape_str(b));
+  } else {
+    TORCH_CHECK(is_packed_fp4_dtype(a.scalar_type()), "nvfp4_gemm.mm: a must be packed e2m1 data of dtype "
+                "torch.uint8 or torch.float4_e2m1fn_x2, or float16 / bfloat16 / float32 activations for the "
+                "weight-only form (with sfa=None), got ", a.scalar_type());
+    TORCH_CHECK(sfa.has_value(), "nvfp4_gemm.mm: sfa is None, but a holds packed e2m1 data (", a.scalar_type(),
+                "): pass a's blocked scales, or float16 / bfloat16 / float32 activations for the weight-only form");
+    same_device(*sfa, "sfa");
+    check_packed(a, "a", "M");
+    k = a.size(1) * 2;
+    check_packed(b, "b", "N");
+    TORCH_CHECK(b.size(1) == a.size(1), "nvfp4_gemm.mm: a and b must have the same K: a is [M, K/2] = ",
+                shape_str(a), " (K=", k, "), b is [N, K/2] = ", shape_str(b), " (K=", b.size(1) * 2, ")");
+  }
+  const int64_t m = a.size(0), n = b.size(0);
   TORCH_CHECK(k > 0, "nvfp4_gemm.mm: K must be positive, got a of shape ", shape_str(a));
   TORCH_CHECK(k % 32 == 0, "nvfp4_gemm.mm: K must be a multiple of 32 (16-byte rows of packed data), got K=",
               k, " (a.shape[1]=", a.size(1), ")");
   TORCH_CHECK(n % 8 == 0, "nvfp4_gemm.mm: N must be a multiple of 8 (16-byte output rows), got N=", n);
 
-  check_blocked_scales(sfa, "sfa", "M", m, k);
+  if (!weight_only) check_blocked_scales(*sfa, "sfa", "M", m, k);
   check_blocked_scales(sfb, "sfb", "N", n, k);
 
   if (alpha.has_value()) {
@@ -142,17 +184,27 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const at::Tens
     TORCH_CHECK(al.device() == dev, "nvfp4_gemm.mm: alpha must be on the inputs' device (", dev,
                 ") so that no host sync is needed, got ", al.device());
   }
+  if (out != nullptr) check_out(*out, m, n, odt, dev, gpu_rules);
 
+  if (gpu_rules) {
+    // The CUDA kernels and cuBLAS index rows and columns with 32-bit integers.
+    constexpr int64_t kMaxDim = INT32_MAX;
+    TORCH_CHECK(m <= kMaxDim, "nvfp4_gemm.mm: M must be at most 2^31 - 1 = ", kMaxDim, " on CUDA, got M=", m);
+    TORCH_CHECK(n <= kMaxDim, "nvfp4_gemm.mm: N must be at most 2^31 - 1 = ", kMaxDim, " on CUDA, got N=", n);
+    TORCH_CHECK(k <= kMaxDim, "nvfp4_gemm.mm: K must be at most 2^31 - 1 = ", kMaxDim, " on CUDA, got K=", k);
+  }
   if (gpu_rules && m > 0 && n > 0) {
     check_gpu_readable(a, "a");
     check_gpu_readable(b, "b");
-    for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&sfa, "sfa"}, {&sfb, "sfb"}}) {
+    for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{weight_only ? nullptr : &*sfa, "sfa"},
+                           {&sfb, "sfb"}}) {
+      if (t == nullptr) continue;
       TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "nvfp4_gemm.mm: ", name,
                   " data must be 16-byte aligned for the GPU kernels, got address ", t->data_ptr(),
                   "; call .clone() first");
     }
   }
-  return MmShape{m, n, k, odt};
+  return MmShape{m, n, k, odt, weight_only};
 }
 
 }  // namespace nvfp4_gemm

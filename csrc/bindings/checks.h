@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "common/problem.h"
 
 namespace nvfp4_gemm {
@@ -10,14 +12,16 @@ namespace nvfp4_gemm {
 struct MmShape {
   int64_t m, n, k;
   at::ScalarType out_dtype;
+  bool weight_only;  // a holds float activations [M, K] and sfa is absent (W4A16)
 };
 
 // Checks every argument against SPEC.md; throws c10::Error naming the argument, expected vs actual.
-// `gpu_rules` adds the rules a GPU kernel reads the data under (unit stride along K, 16-byte aligned
-// rows and base pointers).
-MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sfa,
+// `gpu_rules` adds the rules a GPU kernel reads and writes the data under (unit stride along K, 16-byte
+// aligned rows and base pointers, dimensions below 2^31). `out`, when given, must be [M, N] of the
+// result dtype on a's device (out_dtype None: out's dtype).
+MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
                         const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
-                        std::optional<at::ScalarType> out_dtype, bool gpu_rules);
+                        std::optional<at::ScalarType> out_dtype, const at::Tensor* out, bool gpu_rules);
 
 // Bytes of the blocked scale layout for `rows` x `k / 16` scales.
 inline int64_t blocked_sf_bytes(int64_t rows, int64_t k) {

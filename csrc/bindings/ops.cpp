@@ -13,6 +13,10 @@ namespace {
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
     if (c == '"' || c == '\\') out.push_back('\\');
     out.push_back(c);
   }
@@ -30,7 +34,8 @@ std::string backends_json() {
     for (int32_t i = 0; i < api->num_configs; ++i) {
       os << (i ? ", " : "") << "\"" << json_escape(api->config_names[i]) << "\"";
     }
-    os << "]}";
+    os << "], \"dispatch\": \"" << json_escape(api->dispatch_rules != nullptr ? api->dispatch_rules() : "")
+       << "\"}";
     first = false;
   }
   os << "}";
@@ -41,9 +46,14 @@ std::string backends_json() {
 }  // namespace nvfp4_gemm
 
 TORCH_LIBRARY(nvfp4_gemm, m) {
+  // sfa is None exactly when a holds float activations (the weight-only form). alpha and out_dtype are
+  // positional too, in vLLM's cutlass_scaled_fp4_mm order. mm_out writes into a caller's tensor; it is a
+  // separate op because a custom op may not return an alias of its mutated argument.
   m.def(
-      "mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, *, Tensor? alpha=None, ScalarType? out_dtype=None) "
-      "-> Tensor");
+      "mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor? alpha=None, ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "mm_out(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor? alpha=None, ScalarType? out_dtype=None, *, "
+      "Tensor(a!) out) -> ()");
   m.def("_register_backends() -> str[]", []() { return nvfp4_gemm::register_backends(); });
   m.def("_backends_json() -> str", []() { return nvfp4_gemm::backends_json(); });
   // Names of the registered arch backends whose kernels run on an SM of this version, preferred first.

@@ -57,7 +57,7 @@ struct DeviceInfo {
 
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
-inline constexpr int32_t kBackendAbiVersion = 2;
+inline constexpr int32_t kBackendAbiVersion = 3;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion
@@ -79,6 +79,9 @@ struct BackendApi {
   // Optional (nullptr: never). True where the generic path measured faster than this backend's pick:
   // automatic dispatch then moves on (to the next backend, then generic); a forced backend still runs.
   bool (*prefers_generic)(const Problem* p, const DeviceInfo* dev);
+  // The dispatch table as text, one rule a line ("M 1..32: <config>"): what runs for which shape, listed
+  // by nvfp4_gemm.configs() / info(). Static storage.
+  const char* (*dispatch_rules)();
 };
 
 }  // namespace nvfp4_gemm

@@ -1,5 +1,6 @@
-// CPU backend: exact decode to float32 (an e2m1 value times an e4m3 scale is exact in fp32), an fp32
-// matmul, alpha, then one rounding to the output dtype. Correct everywhere; not fast.
+// CPU backend: exact decode to float32 (an e2m1 value times an e4m3 scale is exact in fp32; so is a
+// weight-only fp16 / bf16 activation), an fp32 matmul, alpha, then one rounding to the output dtype.
+// Correct everywhere; not fast.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -37,16 +38,37 @@ at::Tensor decode_cpu(const at::Tensor& packed, const at::Tensor& sf_blocked, in
   return out;
 }
 
-at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sfa, const at::Tensor& sfb,
-                  const std::optional<at::Tensor>& alpha, std::optional<at::ScalarType> out_dtype) {
-  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, /*gpu_rules=*/false);
-  if (s.m == 0 || s.n == 0) return at::empty({s.m, s.n}, a.options().dtype(s.out_dtype));
-  at::Tensor acc = at::mm(decode_cpu(a, sfa, s.m, s.k), decode_cpu(b, sfb, s.n, s.k).t());
+// The product in fp32 (alpha applied), before the one rounding to the output dtype.
+at::Tensor product_fp32(const MmShape& s, const at::Tensor& a, const at::Tensor& b,
+                        const std::optional<at::Tensor>& sfa, const at::Tensor& sfb,
+                        const std::optional<at::Tensor>& alpha) {
+  // Weight-only a (fp16 / bf16 / fp32) is exact in fp32; packed a is decoded exactly.
+  const at::Tensor a_dq = s.weight_only ? a.to(at::kFloat) : decode_cpu(a, *sfa, s.m, s.k);
+  at::Tensor acc = at::mm(a_dq, decode_cpu(b, sfb, s.n, s.k).t());
   if (alpha.has_value()) acc.mul_(alpha->reshape({}));
-  return acc.to(s.out_dtype);
+  return acc;
+}
+
+at::Tensor mm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                  const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
+                  std::optional<at::ScalarType> out_dtype) {
+  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, nullptr, /*gpu_rules=*/false);
+  if (s.m == 0 || s.n == 0) return at::empty({s.m, s.n}, a.options().dtype(s.out_dtype));
+  return product_fp32(s, a, b, sfa, sfb, alpha).to(s.out_dtype);
+}
+
+void mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
+                std::optional<at::ScalarType> out_dtype, const at::Tensor& out) {
+  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, &out, /*gpu_rules=*/false);
+  if (s.m == 0 || s.n == 0) return;
+  out.copy_(product_fp32(s, a, b, sfa, sfb, alpha));
 }
 
 }  // namespace
 }  // namespace nvfp4_gemm
 
-TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) { m.impl("mm", &nvfp4_gemm::mm_cpu); }
+TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
+  m.impl("mm", &nvfp4_gemm::mm_cpu);
+  m.impl("mm_out", &nvfp4_gemm::mm_out_cpu);
+}

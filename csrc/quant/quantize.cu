@@ -103,12 +103,16 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
 
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* gs, uint8_t* packed, uint8_t* sf,
-            cudaStream_t stream) {
+            cudaStream_t stream, char* err, size_t err_len) {
   // A multiple of 128 * 4 = 512 = kItems * kThreads: no partial thread block.
   const int64_t items = round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols);
   const int64_t half_items = items / kItems;
   const int64_t blocks = half_items / kThreads;
-  if (blocks > 0x7FFFFFFF) return false;
+  if (blocks > 0x7FFFFFFF) {
+    std::snprintf(err, err_len, "quantize: rows=%lld k=%lld need %lld thread blocks, past the grid limit of 2^31 - 1",
+                  static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(blocks));
+    return false;
+  }
   const dim3 grid(static_cast<unsigned>(blocks));
   const auto* src = static_cast<const uint8_t*>(x);
   if (items <= 0xFFFFFFFFll) {
@@ -118,25 +122,31 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* g
     quantize_kernel<D, uint64_t><<<grid, kThreads, 0, stream>>>(src, ld_x * Elem<D>::kBytes, rows, k,
                                                                  static_cast<uint64_t>(half_items), gs, packed, sf);
   }
-  return cudaGetLastError() == cudaSuccess;
+  // Read once: cudaGetLastError also clears the error, so a second call would report "no error".
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::snprintf(err, err_len, "quantize kernel launch failed for rows=%lld k=%lld: %s (was the generic module "
+                  "compiled for this GPU? rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)",
+                  static_cast<long long>(rows), static_cast<long long>(k), cudaGetErrorString(e));
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
 
 bool quantize_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const float* global_scale,
                    uint8_t* packed, uint8_t* sf, cudaStream_t stream, char* err, size_t err_len) {
-  bool ok = false;
   switch (dtype) {
-    case InDtype::kFloat32: ok = launch<InDtype::kFloat32>(x, rows, k, ld_x, global_scale, packed, sf, stream); break;
-    case InDtype::kFloat16: ok = launch<InDtype::kFloat16>(x, rows, k, ld_x, global_scale, packed, sf, stream); break;
-    case InDtype::kBFloat16: ok = launch<InDtype::kBFloat16>(x, rows, k, ld_x, global_scale, packed, sf, stream); break;
+    case InDtype::kFloat32:
+      return launch<InDtype::kFloat32>(x, rows, k, ld_x, global_scale, packed, sf, stream, err, err_len);
+    case InDtype::kFloat16:
+      return launch<InDtype::kFloat16>(x, rows, k, ld_x, global_scale, packed, sf, stream, err, err_len);
+    case InDtype::kBFloat16:
+      return launch<InDtype::kBFloat16>(x, rows, k, ld_x, global_scale, packed, sf, stream, err, err_len);
   }
-  if (!ok) {
-    std::snprintf(err, err_len, "quantize kernel launch failed for rows=%lld k=%lld: %s (was the generic module "
-                  "compiled for this GPU? rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)",
-                  static_cast<long long>(rows), static_cast<long long>(k), cudaGetErrorString(cudaGetLastError()));
-  }
-  return ok;
+  std::snprintf(err, err_len, "quantize: unknown input dtype code %d", static_cast<int>(dtype));
+  return false;
 }
 
 }  // namespace nvfp4_gemm::quant

@@ -1,6 +1,8 @@
 // The sm100 BackendApi: the table in generated/table.inc, the kernels it names, and the checks that turn
 // a kernel's refusal into a message. Torch-free and CUTLASS-free.
+#include <climits>
 #include <cstdio>
+#include <mutex>
 
 #include <cuda_runtime_api.h>
 
@@ -35,6 +37,9 @@ bool valid(int32_t config, OutDtype dt) {
   return config >= 0 && config < kNumConfigs && static_cast<int>(dt) >= 0 && static_cast<int>(dt) < 3;
 }
 
+// CUTLASS's problem shape is (int, int, int, int): operands.h narrows M, N, K only after this check.
+bool dims_fit(const Problem& p) { return p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX; }
+
 bool api_can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
   if (!valid(config, p->out_dtype)) {
     std::snprintf(why, why_len, "sm100 has no config #%d (it has %d) for out dtype %d", config, kNumConfigs,
@@ -44,6 +49,13 @@ bool api_can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* 
   if (!supports_sm(dev->sm)) {
     std::snprintf(why, why_len,
                   "%s is built for sm_100f (SM 100 / 103); this device is SM %d", kNames[config], dev->sm);
+    return false;
+  }
+  if (!dims_fit(*p)) {
+    std::snprintf(why, why_len,
+                  "%s takes M, N, K <= 2^31 - 1 (CUTLASS's 32-bit problem shape); got M=%lld N=%lld K=%lld",
+                  kNames[config], static_cast<long long>(p->m), static_cast<long long>(p->n),
+                  static_cast<long long>(p->k));
     return false;
   }
   char inner[384];
@@ -61,29 +73,41 @@ int32_t api_select(const Problem* p, const DeviceInfo* dev, char* why, size_t wh
 }
 
 size_t api_workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
-  if (!valid(config, p->out_dtype)) return 0;
+  if (!valid(config, p->out_dtype) || !dims_fit(*p)) return 0;  // can_run refuses these: run never sees them
   return ops(config, p->out_dtype).workspace(*p, *dev);
 }
 
 // The binding layer sized the workspace with its DeviceInfo; the SM count comes from the same device.
+// Cached per device, under a lock: threads may call on several devices at once.
 bool current_device(DeviceInfo* dev, int* device, char* err, size_t err_len) {
-  static int sm_count[64] = {};
-  static int sm_version[64] = {};
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static int sm_count[kMaxDevices] = {};
+  static int sm_version[kMaxDevices] = {};
   cudaError_t e = cudaGetDevice(device);
-  if (e == cudaSuccess && (*device < 0 || *device >= 64)) e = cudaErrorInvalidDevice;
-  if (e == cudaSuccess && sm_count[*device] == 0) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // taken out of the last-error slot: reported here, not by the next launch check
+    std::snprintf(err, err_len, "sm100: querying the current device failed: %s", cudaGetErrorString(e));
+    return false;
+  }
+  if (*device < 0 || *device >= kMaxDevices) {
+    std::snprintf(err, err_len, "sm100: device index %d is past the %d devices this backend keeps settings for",
+                  *device, kMaxDevices);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (sm_count[*device] == 0) {
     int major = 0, minor = 0, count = 0;
     e = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, *device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device);
-    if (e == cudaSuccess) {
-      sm_version[*device] = major * 10 + minor;
-      sm_count[*device] = count;
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::snprintf(err, err_len, "sm100: querying device %d failed: %s", *device, cudaGetErrorString(e));
+      return false;
     }
-  }
-  if (e != cudaSuccess) {
-    std::snprintf(err, err_len, "sm100: querying the current device failed: %s", cudaGetErrorString(e));
-    return false;
+    sm_version[*device] = major * 10 + minor;
+    sm_count[*device] = count;
   }
   dev->sm = sm_version[*device];
   dev->num_sms = sm_count[*device];
@@ -115,7 +139,7 @@ bool api_run(const Problem* p, int32_t config, void* workspace, size_t workspace
 const BackendApi& backend_api() {
   static const BackendApi api{
       kBackendAbiVersion, "sm100", "sm_100f", kNumConfigs, kNames, &supports_sm, &api_select, &api_can_run,
-      &api_workspace_bytes, &api_run,
+      &api_workspace_bytes, &api_run, /*prefers_generic=*/nullptr, &dispatch_rules,
   };
   return api;
 }

@@ -55,7 +55,8 @@ struct Operands {
 };
 
 // Strides are in elements of the operand type: one e2m1 element is half a byte, so a row of `ld` bytes
-// is 2 * ld elements apart. L (batch) is 1; its stride is irrelevant but kept consistent.
+// is 2 * ld elements apart. L (batch) is 1; its stride is irrelevant but kept consistent. M, N, K are
+// narrowed to CUTLASS's int problem shape: api.cpp refuses any past INT_MAX before this runs.
 template <bool SwapAB>
 Operands<SwapAB> make_operands(const Problem& p, const float* alpha) {
   using namespace cute;

@@ -30,4 +30,7 @@ constexpr bool supports_sm(int32_t sm) { return sm == 100 || sm == 103; }
 // The table's pick for this problem (never -1 on a supported SM: the last entry is unbounded).
 int32_t select_config(const Problem& p, const DeviceInfo& dev, char* why, size_t why_len);
 
+// The table (generate.py's TABLE, via generated/table.inc) as text, one line per M range.
+const char* dispatch_rules();
+
 }  // namespace nvfp4_gemm::sm100

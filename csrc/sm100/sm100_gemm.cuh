@@ -141,10 +141,15 @@ struct Launcher {
     }
     Gemm gemm;
     s = gemm.initialize(args, workspace, stream);
-    if (s == cutlass::Status::kSuccess) s = gemm.run(stream);
+    const bool initialized = s == cutlass::Status::kSuccess;
+    if (initialized) s = gemm.run(stream);
     if (s != cutlass::Status::kSuccess) {
-      cudaError_t e = cudaGetLastError();
-      std::snprintf(err, err_len, "CUTLASS launch failed: %s (%s)", cutlassGetStatusString(s), cudaGetErrorString(e));
+      // CUTLASS reads (and so clears) the CUDA error of a failed attribute set or launch itself; what is
+      // left here is only an error it did not see. Read once, so nothing is left for the next call.
+      const cudaError_t e = cudaGetLastError();
+      std::snprintf(err, err_len, "CUTLASS %s failed: %s; CUDA error: %s (grid from %d SMs, workspace %zu bytes)",
+                    initialized ? "launch" : "initialize", cutlassGetStatusString(s),
+                    e != cudaSuccess ? cudaGetErrorString(e) : "none left (CUTLASS consumed it)", dev.num_sms, need);
       return false;
     }
     return true;

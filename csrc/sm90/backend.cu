@@ -6,10 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "common/problem.h"
 #include "sm90/backend.h"
@@ -66,9 +70,31 @@ struct Plan {
   int64_t counter_bytes = 0;
 };
 
+// Tests and benchmarks: a forced split count (0: automatic). NVFP4_GEMM_SM90_SPLITS sets it once, at the
+// first call; torch.ops.nvfp4_gemm._sm90_force_splits (set_forced_splits) changes it later. Never per call
+// from the environment: dispatch reads no environment variable on the hot path.
+std::atomic<int>& forced_splits_slot() {
+  static std::atomic<int> slot{[] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS");
+    const int v = env ? std::atoi(env) : 0;
+    return v >= 1 ? v : 0;
+  }()};
+  return slot;
+}
+
+int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
+
+// A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
+// checked with cudaGetLastError (ours or anyone's) does not report it again.
+cudaError_t consumed(cudaError_t e) {
+  if (e != cudaSuccess) cudaGetLastError();
+  return e;
+}
+
 int num_sms_of_current_device() {
   int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (consumed(cudaGetDevice(&dev)) == cudaSuccess)
+    consumed(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
 }
 
@@ -79,11 +105,9 @@ int num_sms_of_current_device() {
 // of 3 TB/s, whichever is more.
 int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_partial_bytes) {
   const int64_t total = static_cast<int64_t>(tiles) * ktiles;
-  if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // benchmarks and tests: tiles x splits
-    const int forced = std::atoi(env);
-    if (forced >= 1)
-      return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(tiles) * forced, total,
-                                                 std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * kTileW * 4))}));
+  if (const int forced = forced_splits()) {  // tests and benchmarks: tiles x splits
+    const int64_t fit = std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * kTileW * 4));
+    return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(tiles) * forced, total, fit}));
   }
   const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
   const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
@@ -117,14 +141,19 @@ int64_t partial_budget(const Plan& pl, int tiles) {
   return kMaxWorkspaceBytes - pl.a_bytes - round_up(static_cast<int64_t>(tiles) * 4, 256);
 }
 
+// Rows of A per launch: all of M, or as many whole token tiles as keep decoded A within kMaxADecBytes.
+int64_t chunk_rows_of(const Problem& p, int config) {
+  const int64_t row_bytes = round_up(p.k, 64) * 2, tokens = kConfigs[config].tokens;
+  return p.m * row_bytes > kMaxADecBytes ? std::max<int64_t>(kMaxADecBytes / row_bytes / tokens, 1) * tokens : p.m;
+}
+
 Plan make_plan(const Problem& p, int config, int sms) {
   Plan pl;
   pl.config = config;
   pl.tokens = kConfigs[config].tokens;
   pl.kp = round_up(p.k, 64);
   const int64_t row_bytes = pl.kp * 2;
-  pl.chunk_rows = p.m;
-  if (p.m * row_bytes > kMaxADecBytes) pl.chunk_rows = std::max<int64_t>(kMaxADecBytes / row_bytes / pl.tokens, 1) * pl.tokens;
+  pl.chunk_rows = chunk_rows_of(p, config);
   pl.tiles_w = static_cast<int>(ceil_div(p.n, kTileW));
   pl.kt = kConfigs[config].kt;
   pl.ktiles = static_cast<int>(ceil_div(p.k, pl.kt));
@@ -151,7 +180,8 @@ EncodeTiledFn encode_tiled() {
   static EncodeTiledFn fn = [] {
     void* ptr = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (consumed(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q)) !=
+            cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       ptr = nullptr;
     return reinterpret_cast<EncodeTiledFn>(ptr);
@@ -171,8 +201,33 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+// Timeline trace (diagnostics builds only): NVFP4_GEMM_SM90_TRACE=<file> appends each wgmma launch's
+// timeline (sm90_gemm.cuh, trace_at) to <file>, read per call so that benchmarks/diagnostics/sm90_trace.py
+// can switch it per shape. It synchronizes the stream after every launch.
+constexpr int kTraceMaxCtas = 8192;
+constexpr int kTraceMaxDevices = 64;
+
+// The current device's trace buffer (allocated on first use), or nullptr when tracing is off.
+uint64_t* trace_buffer_for_launch(int grid, cudaStream_t stream) {
+  const char* file = std::getenv("NVFP4_GEMM_SM90_TRACE");
+  int dev = 0;
+  if (!file || !*file || grid > kTraceMaxCtas || cudaGetDevice(&dev) != cudaSuccess || dev >= kTraceMaxDevices)
+    return nullptr;
+  static std::mutex mutex;
+  static uint64_t* bufs[kTraceMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!bufs[dev] && consumed(cudaMalloc(&bufs[dev], sizeof(uint64_t) * (kTraceHeader + kTraceMaxCtas * kTraceSlots))))
+    bufs[dev] = nullptr;
+  if (bufs[dev])
+    cudaMemsetAsync(bufs[dev], 0, sizeof(uint64_t) * (kTraceHeader + static_cast<size_t>(grid) * kTraceSlots), stream);
+  return bufs[dev];
+}
+
 // One launch's timeline as text: a header line, then one line of kTraceSlots numbers per CTA.
-void write_trace(const char* file, const GemmParams& gp, const char* config, cudaStream_t stream) {
+void write_trace(const GemmParams& gp, const char* config, cudaStream_t stream) {
+  const char* file = std::getenv("NVFP4_GEMM_SM90_TRACE");
+  if (!file || !*file) return;
   const size_t n = kTraceHeader + static_cast<size_t>(gp.grid) * kTraceSlots;
   uint64_t* host = static_cast<uint64_t*>(std::malloc(n * sizeof(uint64_t)));
   FILE* f = std::fopen(file, "a");
@@ -190,6 +245,7 @@ void write_trace(const char* file, const GemmParams& gp, const char* config, cud
   if (f) std::fclose(f);
   std::free(host);
 }
+#endif  // NVFP4_GEMM_DIAGNOSTICS
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -220,10 +276,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   // CTA at what keeps decoded A small enough for that many CTAs per SM.
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, c.kt);
-  if (const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS")) {  // tests and benchmarks: a forced split count
-    const int forced = std::atoi(env);
-    if (forced >= 1) kb = ceil_div(pl.kblocks, forced);
-  }
+  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
   // Decoded A for kb blocks must fit in shared memory: a forced split count is a request, not a promise.
   kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(c.tokens, 1))});
   int64_t splits = ceil_div(pl.kblocks, kb);
@@ -283,28 +336,21 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
     if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
       zero_counters_kernel<<<1, 256, 0, stream>>>(sp.counters, pl.row_blocks);
-      const cudaError_t z = cudaGetLastError();
-      if (z != cudaSuccess) {
-        if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", c.name, cudaGetErrorString(z));
+      if (const cudaError_t z = cudaGetLastError(); z != cudaSuccess) {  // read once: this also clears it
+        if (err && err_len)
+          std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,
+                        cudaGetErrorString(z));
         return false;
       }
     }
-    const cudaError_t e = kSmallMLaunch[config - kNumWgmma](l);
-    if (e != cudaSuccess) {
-      if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", c.name, cudaGetErrorString(e));
+    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma](l)); e != cudaSuccess) {
+      if (err && err_len)
+        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
+                      l.row_blocks, sp.splits, l.smem, cudaGetErrorString(e));
       return false;
     }
   }
   return true;
-}
-
-int tokens_for_m(int64_t m) {
-  if (m <= 8) return 8;
-  if (m <= 16) return 16;
-  if (m <= 32) return 32;
-  if (m <= 64) return 64;
-  if (m <= 128) return 128;
-  return 256;
 }
 
 bool supports_sm(int32_t sm) { return sm == 90; }
@@ -321,6 +367,13 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
+    if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {  // 32-bit row / K indices
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s takes M <= 2^31 - 1 and N, K <= 2^30; got M=%lld N=%lld K=%lld",
+                      kConfigs[config].name, static_cast<long long>(p->m), static_cast<long long>(p->n),
+                      static_cast<long long>(p->k));
+      return false;
+    }
     const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
     const SmallMPlan pl = make_small_m_plan(*p, config, sms);
     const int64_t limit = std::min<int64_t>(kSmallMMaxSmem, dev ? dev->smem_optin : kSmallMMaxSmem);
@@ -333,10 +386,6 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     if (reinterpret_cast<uintptr_t>(p->sfa) % 2 != 0 || reinterpret_cast<uintptr_t>(p->sfb) % 2 != 0) {
       set_msg(why, why_len, "sm90: sfa and sfb must be 2-byte aligned (16-bit scale loads)");
-      return false;
-    }
-    if (p->n > (int64_t{1} << 30) || p->m > (int64_t{1} << 31) || p->k > (int64_t{1} << 30)) {
-      set_msg(why, why_len, "sm90: M below 2^31, N and K below 2^30 for the small-M kernel");
       return false;
     }
     return true;
@@ -358,27 +407,29 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: sfb must be 16-byte aligned and sfa 4-byte aligned (TMA / word loads)");
     return false;
   }
-  if (p->n > (int64_t{1} << 31) || p->m > (int64_t{1} << 31)) {
-    set_msg(why, why_len, "sm90: M and N must be below 2^31");
+  // M, N and the (tile, K tile) units of one launch are 32-bit in the kernel.
+  const int64_t units = ceil_div(p->n, kTileW) *
+                        ceil_div(std::min(p->m, chunk_rows_of(*p, config)), kConfigs[config].tokens) *
+                        ceil_div(p->k, kConfigs[config].kt);
+  if (p->m > INT_MAX || p->n > INT_MAX || units > INT_MAX) {
+    if (why && why_len)
+      std::snprintf(why, why_len, "%s takes M, N <= 2^31 - 1 and at most 2^31 - 1 (128-row tile, K tile) units per "
+                    "launch; got M=%lld N=%lld K=%lld (%lld units)", kConfigs[config].name,
+                    static_cast<long long>(p->m), static_cast<long long>(p->n), static_cast<long long>(p->k),
+                    static_cast<long long>(units));
     return false;
   }
   return true;
 }
 
-bool prefers_generic(const Problem* p, const DeviceInfo*) { return p->m >= kPreferGenericFromM; }
+// Both read the dispatch table (configs.h, kDispatch).
+bool prefers_generic(const Problem* p, const DeviceInfo*) { return dispatch_row(p->m).prefer_generic; }
 
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  const int tokens = tokens_for_m(p->m);
-  if (p->m <= kSmallMMaxM) {  // the streaming kernel where it measured faster; else (smem) the wgmma one
-    for (int i = kNumWgmma; i < kNumConfigs; ++i)
-      if (kConfigs[i].tokens == tokens && can_run(p, i, dev, why, why_len)) return i;
-  }
-  for (int i = 0; i < kNumWgmma; ++i) {
-    if (kConfigs[i].tokens != tokens || kConfigs[i].ctas_per_sm != 1) continue;
-    if (!can_run(p, i, dev, why, why_len)) return -1;
-    return i;
-  }
-  set_msg(why, why_len, "sm90: no config for this M (unreachable)");
+  const DispatchRow& row = dispatch_row(p->m);
+  const int config = config_index(row.config), fallback = config_index(row.fallback);
+  if (can_run(p, config, dev, why, why_len)) return config;
+  if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
   return -1;
 }
 
@@ -427,14 +478,10 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     return false;
   }
   // Decoded A is re-read by every CTA of its token tile: keep it (EVICT_LAST); B streams through once
-  // when there is one token tile (EVICT_FIRST). NVFP4_GEMM_SM90_L2HINT=0: EVICT_NORMAL everywhere.
+  // when there is one token tile (EVICT_FIRST); otherwise EVICT_NORMAL.
   constexpr uint64_t kEvictNormal = 0x1000000000000000ull, kEvictFirst = 0x12F0000000000000ull,
                      kEvictLast = 0x14F0000000000000ull;
-  const char* hint_env = std::getenv("NVFP4_GEMM_SM90_L2HINT");
-  const bool hints = !(hint_env && hint_env[0] == '0');
-  gp.hint_a = hints ? kEvictLast : kEvictNormal;
-  const char* bulk_env = std::getenv("NVFP4_GEMM_SM90_SF_BULK");
-  gp.sf_bulk = bulk_env && bulk_env[0] == '1';
+  gp.hint_a = kEvictLast;
   gp.alpha = p->alpha;
   gp.partial = pl.partial_bytes ? reinterpret_cast<float4*>(ws + pl.a_bytes) : nullptr;
   gp.counters = pl.counter_bytes ? reinterpret_cast<uint32_t*>(ws + pl.a_bytes + pl.partial_bytes) : nullptr;
@@ -447,21 +494,11 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   gp.out_dtype = p->out_dtype;
   // Powers of two folded into the decodes (sm90_gemm.cuh, numerics): A x 2^7 x 2^7 (A_dec = e2m1 x e4m3
   // exactly), B's scales x 2^7; the sums then carry 2^-7, which the epilogue multiplies back.
-  const char* fold_env = std::getenv("NVFP4_GEMM_SM90_FOLD");
-  const bool fold = !(fold_env && fold_env[0] == '0');
-  constexpr uint32_t kHalf2One = 0x3C003C00u, kHalf2Two7 = 0x58005800u;  // fp16x2 {1, 1}, {128, 128}
-  const uint32_t a_fold = fold ? kHalf2Two7 : kHalf2One, a_post = a_fold;
-  gp.b_fold = fold ? kHalf2Two7 : kHalf2One;
-  gp.out_mult = fold ? 128.0f : 268435456.0f;
+  constexpr uint32_t kHalf2Two7 = 0x58005800u;  // fp16x2 {128, 128}
+  const uint32_t a_fold = kHalf2Two7, a_post = kHalf2Two7;
+  gp.b_fold = kHalf2Two7;
+  gp.out_mult = 128.0f;
   args.stream = stream;
-  // Diagnostics: NVFP4_GEMM_SM90_TRACE=<file> appends each launch's timeline (sm90_gemm.cuh, trace_at) to
-  // <file>; it synchronizes the stream after every launch, so it is for benchmarks/sm90_trace.py only.
-  const char* trace_file = std::getenv("NVFP4_GEMM_SM90_TRACE");
-  static uint64_t* trace_buf = nullptr;
-  constexpr int kTraceMaxCtas = 8192;
-  if (trace_file && *trace_file && !trace_buf &&
-      cudaMalloc(&trace_buf, sizeof(uint64_t) * (kTraceHeader + kTraceMaxCtas * kTraceSlots)) != cudaSuccess)
-    trace_buf = nullptr;
 
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
@@ -469,15 +506,21 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     gp.grid = choose_grid(gp.tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
                           partial_budget(pl, gp.tiles));
     gp.total = static_cast<int64_t>(gp.tiles) * pl.ktiles;
-    gp.hint_b = hints && gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
+    gp.hint_b = gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
     const int n_counters = gp.grid > gp.tiles ? gp.tiles : 0;
     const int64_t threads = std::max<int64_t>(rows * (pl.kp / 64) * 8, n_counters);
-    const size_t trace_bytes = sizeof(uint64_t) * (kTraceHeader + static_cast<size_t>(gp.grid) * kTraceSlots);
-    gp.trace = trace_file && *trace_file && trace_buf && gp.grid <= kTraceMaxCtas ? trace_buf : nullptr;
-    if (gp.trace) cudaMemsetAsync(gp.trace, 0, trace_bytes, stream);
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+    gp.trace = trace_buffer_for_launch(gp.grid, stream);
+#endif
     decode_a_kernel<<<static_cast<unsigned>(ceil_div(threads, 256)), 256, 0, stream>>>(
         p->a + r0 * p->lda, p->lda, p->sfa, static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(p->k),
         sf_atoms_per_row, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post, gp.trace);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {  // read once: this also clears it
+      if (err && err_len)
+        std::snprintf(err, err_len, "sm90 %s: launching the A decode prepass failed: %s", kConfigs[config].name,
+                      cudaGetErrorString(e));
+      return false;
+    }
     if (!encode_2d(&gp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_dec, static_cast<uint64_t>(pl.kp),
                    static_cast<uint64_t>(rows), static_cast<uint64_t>(pl.kp * 2), 64,
                    static_cast<uint32_t>(pl.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
@@ -486,12 +529,16 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     }
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     gp.m = static_cast<int>(rows);
-    const cudaError_t e = kLaunch[config](args);
-    if (e != cudaSuccess) {
-      if (err && err_len) std::snprintf(err, err_len, "sm90 %s: %s", kConfigs[config].name, cudaGetErrorString(e));
+    if (const cudaError_t e = consumed(kLaunch[config](args)); e != cudaSuccess) {
+      if (err && err_len)
+        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d, %d bytes of shared memory): %s",
+                      kConfigs[config].name, gp.grid, smem_bytes(pl.tokens, pl.kt, kConfigs[config].stages),
+                      cudaGetErrorString(e));
       return false;
     }
-    if (gp.trace) write_trace(trace_file, gp, kConfigs[config].name, stream);
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+    if (gp.trace) write_trace(gp, kConfigs[config].name, stream);
+#endif
   }
   return true;
 }
@@ -518,7 +565,7 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                                                        int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
                                                        uint32_t a_post, uint64_t* trace) {
   cudaTriggerProgrammaticLaunchCompletion();  // the GEMM may launch now; it waits for our writes itself
-  if (trace && threadIdx.x == 0) {  // diagnostics: when the first and the last block start
+  if (kDiagnostics && trace && threadIdx.x == 0) {  // diagnostics builds: when the first and last block start
     if (blockIdx.x == 0) trace[0] = global_ns();
     atomicMax(reinterpret_cast<unsigned long long*>(trace + 1), static_cast<unsigned long long>(global_ns()));
   }
@@ -550,10 +597,38 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                  hmul2_u32(hmul2_u32(decode_word_rt(w3, s), __high2half2(s23)), post));
 }
 
+const char* dispatch_rules() {
+  static const std::string text = [] {
+    std::string t;
+    int64_t lo = 1;
+    for (const DispatchRow& r : kDispatch) {
+      char line[512];
+      const char* config = kConfigs[config_index(r.config)].name;
+      const int fb = config_index(r.fallback);
+      if (r.m_max >= 1)
+        std::snprintf(line, sizeof(line), "M %lld..%lld: ", static_cast<long long>(lo),
+                      static_cast<long long>(r.m_max));
+      else
+        std::snprintf(line, sizeof(line), "M >= %lld: ", static_cast<long long>(lo));
+      t += line;
+      t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
+      if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
+      t += "\n";
+      lo = r.m_max + 1;
+    }
+    return t;
+  }();
+  return text.c_str();
+}
+
+int set_forced_splits(int splits) {
+  return forced_splits_slot().exchange(splits >= 1 ? splits : 0, std::memory_order_relaxed);
+}
+
 const BackendApi& backend_api() {
   static const BackendApi api = {
       kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, kConfigNames, &supports_sm, &select, &can_run,
-      &workspace_bytes,   &run,    &prefers_generic,
+      &workspace_bytes,   &run,    &prefers_generic, &dispatch_rules,
   };
   return api;
 }

@@ -41,17 +41,6 @@
 
 namespace nvfp4_gemm::sm90 {
 
-// select() takes the small-M kernel up to this M, where it measured faster than the wgmma config of the same
-// token tile (docs/SM90_NOTES.md, v10; H100, do_bench us, small-M vs wgmma): (1, 7168, 16384) 40.7 vs 45.6,
-// (8, 7168, 16384) 41.0 vs 45.2, (16, 4096, 7168) 22.0 vs 24.2, (32, 4096, 7168) 23.8 vs 25.2,
-// (1, 4096, 7168) 19.6 vs 23.4.
-inline constexpr int kSmallMMaxM = 32;
-
-// Automatic dispatch hands M >= this to the generic path (decode + cuBLAS), which measured faster there
-// on the H100 (benchmarks/RESULTS.md, commit 71a8664): M = 2304 (N 4608, K 7168) 259.7 us generic vs
-// 272.1 us here; at M = 512 this kernel is ahead (69.0 vs 78.0 us). A forced sm90 still runs any M.
-inline constexpr int64_t kPreferGenericFromM = 2048;
-
 enum class Kind : int { kWgmma = 0, kSmallM = 1 };
 
 struct KernelConfig {
@@ -73,5 +62,79 @@ inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)
 #undef NVFP4_SM90_ENTRY
 #undef NVFP4_SM90_SMALL_M_ENTRY
 inline constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+
+// ---------------------------------------------------------------------------------------------------
+// Dispatch: which config runs which M, in one place. select() takes the first row whose m_max >= M and
+// runs its config if can_run accepts the problem, else the row's fallback; prefers_generic() reads the
+// same row. Measurements behind the bounds (H100; docs/SM90_NOTES.md, benchmarks/RESULTS.md):
+//  - kSmallMMaxM: the small-M kernel measured faster than the wgmma config of the same token tile up to
+//    M = 32 (v10, do_bench us, small-M vs wgmma): (1, 7168, 16384) 40.7 vs 45.6, (8, 7168, 16384) 41.0 vs
+//    45.2, (16, 4096, 7168) 22.0 vs 24.2, (32, 4096, 7168) 23.8 vs 25.2, (1, 4096, 7168) 19.6 vs 23.4. Its
+//    fallback is for problems whose decoded A does not fit in shared memory.
+//  - kPreferGenericFromM: from here automatic dispatch hands the problem to the generic path (decode +
+//    cuBLAS), measured faster there (commit 71a8664): M = 2304 (N 4608, K 7168) 259.7 us generic vs 272.1
+//    us here; at M = 512 this backend is ahead (69.0 vs 78.0 us). A forced sm90 still runs the row's config.
+//  - Otherwise the wgmma config whose token tile is the smallest >= M (at most 256).
+inline constexpr int64_t kSmallMMaxM = 32;
+inline constexpr int64_t kPreferGenericFromM = 2048;
+
+struct Pick {
+  Kind kind;
+  int tokens;  // 0: none
+};
+inline constexpr Pick kNoPick{Kind::kWgmma, 0};
+
+struct DispatchRow {
+  int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left
+  Pick config;
+  Pick fallback;  // where `config` cannot run the problem (can_run says why); kNoPick: none
+  bool prefer_generic;
+};
+
+inline constexpr DispatchRow kDispatch[] = {
+    // M <=                  config                 fallback              generic first
+    {8,                      {Kind::kSmallM, 8},    {Kind::kWgmma, 8},    false},
+    {16,                     {Kind::kSmallM, 16},   {Kind::kWgmma, 16},   false},
+    {kSmallMMaxM,            {Kind::kSmallM, 32},   {Kind::kWgmma, 32},   false},
+    {64,                     {Kind::kWgmma, 64},    kNoPick,              false},
+    {128,                    {Kind::kWgmma, 128},   kNoPick,              false},
+    {kPreferGenericFromM - 1, {Kind::kWgmma, 256},  kNoPick,              false},
+    {-1,                     {Kind::kWgmma, 256},   kNoPick,              true},
+};
+inline constexpr int kNumDispatchRows = sizeof(kDispatch) / sizeof(kDispatch[0]);
+
+constexpr const DispatchRow& dispatch_row(int64_t m) {
+  for (int i = 0; i + 1 < kNumDispatchRows; ++i)
+    if (m <= kDispatch[i].m_max) return kDispatch[i];
+  return kDispatch[kNumDispatchRows - 1];
+}
+
+// The kConfigs index of a pick (wgmma: the one-CTA-per-SM entry of that token tile), -1 if none.
+constexpr int config_index(Pick pick) {
+  if (pick.tokens == 0) return -1;
+  for (int i = 0; i < kNumConfigs; ++i)
+    if (kConfigs[i].kind == pick.kind && kConfigs[i].tokens == pick.tokens &&
+        (pick.kind == Kind::kSmallM || kConfigs[i].ctas_per_sm == 1))
+      return i;
+  return -1;
+}
+
+constexpr bool dispatch_table_is_valid() {
+  for (int i = 0; i < kNumDispatchRows; ++i) {
+    const DispatchRow& r = kDispatch[i];
+    if (config_index(r.config) < 0 || (r.fallback.tokens != 0 && config_index(r.fallback) < 0)) return false;
+    if ((i + 1 < kNumDispatchRows) != (r.m_max >= 1)) return false;  // bounded rows, then one unbounded
+    if (i > 0 && i + 1 < kNumDispatchRows && r.m_max <= kDispatch[i - 1].m_max) return false;
+    if (r.config.tokens < 256 && r.m_max > r.config.tokens) return false;  // a token tile covers its rows in one tile
+  }
+  return true;
+}
+static_assert(dispatch_table_is_valid(), "every row names compiled configs; rows ascend in M, the last is unbounded");
+static_assert(kConfigs[config_index(dispatch_row(1).config)].kind == Kind::kSmallM &&
+                  kConfigs[config_index(dispatch_row(33).config)].tokens == 64 &&
+                  dispatch_row(kPreferGenericFromM).prefer_generic &&
+                  !dispatch_row(kPreferGenericFromM - 1).prefer_generic,
+              "dispatch_row follows the table");
 
 }  // namespace nvfp4_gemm::sm90

@@ -16,7 +16,7 @@
 //    By default a power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since
 //    448 * 2^7 < 65504; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most decoded values
 //    are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most values are
-//    subnormal; NVFP4_GEMM_SM90_FOLD=0 selects that one.
+//    subnormal (that alternative is gone; the folds stay kernel parameters, set by backend.cu).
 //  - K order inside each 64-wide K block is permuted (the same way for A and B; a sum does not care):
 //    each thread owns a whole 16-element scale group of its B row, so it loads 8 bytes and one scale
 //    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below, and
@@ -40,6 +40,7 @@
 
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
+#include "sm90/per_device.h"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -80,18 +81,26 @@ struct GemmParams {
   int64_t total;          // tiles * ktiles
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
   uint32_t b_fold;        // fp16x2 power of two folded into B's scales (see numerics above)
-  int sf_bulk;            // 1: scales by cp.async.bulk (compute-sanitizer racecheck misreads it), 0: by TMA
   float out_mult;         // 2^28 / (A's and B's folds): what the epilogue multiplies back
   OutDtype out_dtype;
-  uint64_t* trace;        // nullptr, or kTraceSlots timestamps per CTA after kTraceHeader (see trace_at)
+  uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
 };
 
-// Timeline trace (diagnostics only, NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
+// Diagnostics builds (NVFP4_GEMM_DIAGNOSTICS=1 at build time, docs/SM90_NOTES.md) carry the timeline trace;
+// in any other build trace_of() is a constant nullptr and every stamp below compiles away.
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+inline constexpr bool kDiagnostics = true;
+#else
+inline constexpr bool kDiagnostics = false;
+#endif
+
+// Timeline trace (NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
 // Header: [0] prepass start, [1] start of its last block. Per CTA: [0] entry, [1] producer past the
 // grid dependency, [2] consumer past it, then per segment s (two at most): [3 + 3s] first stage full,
 // [4 + 3s] MMA done, [5 + 3s] epilogue done; [9] segment count | last-arriver bits << 8 | n_kt0 << 16 |
 // n_kt1 << 32; [10] SM id.
 inline constexpr int kTraceHeader = 16, kTraceSlots = 16;
+__device__ __forceinline__ uint64_t* trace_of(const GemmParams& p) { return kDiagnostics ? p.trace : nullptr; }
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -210,11 +219,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
 
   if (threadIdx.x == 0) {
-    if (p.trace) {
+    if (uint64_t* const trace = trace_of(p)) {
       uint32_t smid;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      trace_at(p.trace, cta, 0, global_ns());
-      trace_at(p.trace, cta, 10, smid);
+      trace_at(trace, cta, 0, global_ns());
+      trace_at(trace, cta, 10, smid);
     }
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
@@ -240,17 +249,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         // zero fill after the last), which are never read: their blocks are skipped.
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
         uint8_t* st = smem + s * kStage;
-        if (p.sf_bulk) {  // v3 path, kept selectable: a plain bulk copy of the atoms that exist
-          const int sf_atoms = min(kNB, p.sf_atoms_per_row - kNB * kt);
-          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + sf_atoms * kSfAtomBytes);
-          cute::SM90_BULK_COPY_G2S::copy(
-              p.sfb + (static_cast<int64_t>(tile_w) * p.sf_atoms_per_row + kNB * kt) * kSfAtomBytes, &full_bar[s],
-              st + kSfOff, sf_atoms * kSfAtomBytes);
-        } else {
-          Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
-                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
-        }
+        Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
+        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                     (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
         cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
       };
       auto load_a = [&](int u, int s) {
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       const int pre = min(STAGES, u_end - u_begin);
       for (int x = 0; x < pre; ++x) load_b(u_begin + x, x);
       cudaGridDependencySynchronize();
-      if (p.trace) trace_at(p.trace, cta, 1, global_ns());
+      if (uint64_t* const trace = trace_of(p)) trace_at(trace, cta, 1, global_ns());
       for (int x = 0; x < pre; ++x) load_a(u_begin + x, x);
       int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
       for (int u = u_begin + pre; u < u_end; ++u) {
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<232>();
   cudaGridDependencySynchronize();  // the split counters are zeroed by the prepass
   const int t = threadIdx.x - 128;        // 0..255 over both consumer warpgroups
-  uint64_t* const trace = t == 0 ? p.trace : nullptr;
+  uint64_t* const trace = t == 0 ? trace_of(p) : nullptr;
   uint64_t trace_info = 0;
   if (trace) trace_at(trace, cta, 2, global_ns());
   const int lane = threadIdx.x % 32;
@@ -487,8 +488,11 @@ struct LaunchArgs {
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
 cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
-  cudaError_t err = cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
+  const cudaError_t err = smem_limit.run([] {
+    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  });
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
   // so barrier setup, descriptor prefetch and the first B loads overlap it.

@@ -41,6 +41,7 @@
 
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
+#include "sm90/per_device.h"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -337,7 +338,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
 template <int TOKENS, int KBMAX, int DEPTH, int CTAS>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
   auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
+  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
+  const cudaError_t attr = smem_limit.run(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(l.row_blocks, l.params.splits);

@@ -1,17 +1,23 @@
-// CUDA implementation of nvfp4_gemm::mm: validate once, describe the problem to the backends, pick one
-// (forced by NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG, else the first arch module whose table takes the
-// problem on this device, else the generic path), allocate its workspace through torch, launch on the
-// current stream. No host sync anywhere.
+// CUDA implementation of nvfp4_gemm::mm and mm_out: validate once, describe the problem to the backends,
+// pick one (forced by NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG, else the first arch module whose table takes
+// the problem on this device, else the generic path), allocate its workspace through torch, launch on
+// the current stream. No host sync on the call path (the one-time self-check below is the exception,
+// outside CUDA-graph capture only).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "bindings/checks.h"
 #include "bindings/registry.h"
@@ -21,12 +27,14 @@ namespace nvfp4_gemm {
 namespace {
 
 constexpr size_t kErrLen = 512;
+constexpr int kMaxDevices = 256;
 
 const DeviceInfo& device_info(int device) {
   static std::mutex mutex;
-  static DeviceInfo cache[256];
-  static bool filled[256] = {};
-  TORCH_CHECK(device >= 0 && device < 256, "nvfp4_gemm: device index ", device, " out of range");
+  static DeviceInfo cache[kMaxDevices];
+  static bool filled[kMaxDevices] = {};
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "nvfp4_gemm: device index ", device, " out of range [0, ",
+              kMaxDevices, ")");
   std::lock_guard<std::mutex> lock(mutex);
   if (!filled[device]) {
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
@@ -53,21 +61,26 @@ struct Choice {
   int32_t config = -1;
 };
 
+std::string choice_name(const Choice& c) {
+  return c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic";
+}
+
 // NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does.
-void maybe_print(const Choice& c, const Problem& p) {
+void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
   static const bool enabled = !env_or_empty("NVFP4_GEMM_PRINT_CONFIGS").empty();
   if (!enabled) return;
   static std::mutex mutex;
   static std::set<std::string> seen;
-  const std::string name = c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic";
-  const std::string key = name + " m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) +
-                          " k=" + std::to_string(p.k) + " out=" + std::to_string(static_cast<int>(p.out_dtype));
+  const std::string key = choice_name(c) + (weight_only ? " w4a16" : "") + " m=" + std::to_string(p.m) +
+                          " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+                          " out=" + std::to_string(static_cast<int>(p.out_dtype));
   std::lock_guard<std::mutex> lock(mutex);
   if (seen.insert(key).second) std::fprintf(stderr, "[nvfp4_gemm] %s\n", key.c_str());
 }
 
 Choice choose(const Problem& p, const DeviceInfo& dev) {
   char why[kErrLen] = {0};
+  // Read per call on purpose: tests and benchmarks switch them within one process. A getenv is ~50 ns.
   const std::string forced_config = env_or_empty("NVFP4_GEMM_CONFIG");
   if (!forced_config.empty()) {
     for (const BackendApi* api : backends()) {
@@ -110,56 +123,230 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
   return Choice{};
 }
 
-at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sfa, const at::Tensor& sfb,
-                   const std::optional<at::Tensor>& alpha, std::optional<at::ScalarType> out_dtype) {
-  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, /*gpu_rules=*/true);
-  const c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor c = at::empty({s.m, s.n}, a.options().dtype(s.out_dtype));
-  if (s.m == 0 || s.n == 0) return c;
+// ---------------------------------------------------------------------------------------------------
+// The generic path: decode to exact 16-bit (or fp32) operands, one cuBLAS GEMM.
 
-  const DeviceInfo& dev = device_info(a.get_device());
+void run_generic(const MmShape& s, const Problem& p, const at::Tensor& a, const at::Tensor& c, int sm) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  char err[kErrLen] = {0};
+  const auto fail = [&](bool ok) {
+    TORCH_CHECK(ok, "nvfp4_gemm.mm (generic CUDA path, SM ", sm / 10, ".", sm % 10, ", M=", s.m, " N=", s.n,
+                " K=", s.k, "): ", err);
+  };
+  const auto scalar_type = [](generic::Operand t) {
+    return t == generic::Operand::kFloat32 ? at::kFloat : t == generic::Operand::kBFloat16 ? at::kBFloat16 : at::kHalf;
+  };
+  generic::Operand op;
+  at::Tensor a_dq;  // A as the GEMM reads it
+  int64_t lda = 0;
+  if (s.weight_only) {
+    op = a.scalar_type() == at::kFloat ? generic::Operand::kFloat32
+         : a.scalar_type() == at::kBFloat16 ? generic::Operand::kBFloat16
+                                            : generic::Operand::kFloat16;
+    a_dq = a;
+    lda = s.m > 1 ? a.stride(0) : s.k;
+  } else {
+    op = generic::w4a4_operand(p.out_dtype);
+    a_dq = at::empty({s.m, s.k}, a.options().dtype(scalar_type(op)));
+    fail(generic::decode(p.a, p.lda, p.sfa, s.m, s.k, op, a_dq.data_ptr(), stream, err, kErrLen));
+    lda = s.k;
+  }
+  at::Tensor b_dq = at::empty({s.n, s.k}, a.options().dtype(scalar_type(op)));
+  fail(generic::decode(p.b, p.ldb, p.sfb, s.n, s.k, op, b_dq.data_ptr(), stream, err, kErrLen));
+
+  cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
+  if (generic::gemm_writes(op, p.out_dtype)) {
+    fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, s.n, s.k, p.alpha, p.c, p.ldc,
+                       p.out_dtype, err, kErrLen));
+    return;
+  }
+  // cuBLAS pairs this operand type with other outputs only: fp32 result, then one rounding.
+  at::Tensor acc = at::empty({s.m, s.n}, a.options().dtype(at::kFloat));
+  fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, s.n, s.k, p.alpha,
+                     acc.data_ptr(), s.n, OutDtype::kFloat32, err, kErrLen));
+  c.copy_(acc);
+}
+
+void run_arch(const Choice& choice, const MmShape& s, const Problem& p, const at::Tensor& a,
+              const DeviceInfo& dev) {
+  const size_t ws_bytes = choice.api->workspace_bytes(&p, choice.config, &dev);
+  at::Tensor workspace;
+  if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(at::kByte));
+  char err[kErrLen] = {0};
+  const bool ok = choice.api->run(&p, choice.config, ws_bytes ? workspace.data_ptr() : nullptr, ws_bytes,
+                                  at::cuda::getCurrentCUDAStream(), err, kErrLen);
+  TORCH_CHECK(ok, "nvfp4_gemm.mm (", choice.api->name, " config ", choice.api->config_names[choice.config],
+              ", M=", s.m, " N=", s.n, " K=", s.k, "): ", err);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Self-check on first use. The SM100 kernels are verified by compilation, SASS inspection and host-side
+// checks of their arguments, but were never run on a GPU by this project; so on first use in a process,
+// each (device, config, output dtype) runs once on a small random problem against torch._scaled_mm
+// (cuBLAS's NVFP4 GEMM, the same semantics), or against the generic path where _scaled_mm cannot run.
+// A mismatch warns once and sends that config's problems to the generic path (decode + cuBLAS, which
+// keeps alpha on the device and every output dtype). NVFP4_GEMM_SELFCHECK=0 turns it off, =1 extends it
+// to every arch backend (to exercise it on Hopper).
+
+enum class Verdict { kPass, kFail };
+
+bool selfcheck_applies(const BackendApi* api) {
+  static const std::string mode = env_or_empty("NVFP4_GEMM_SELFCHECK");
+  if (mode == "0") return false;
+  if (mode == "1") return true;
+  return std::string(api->name) == "sm100";
+}
+
+// Random W4A4 operands of a shape the config runs: uniform bytes (all 16 codes), e4m3 scales over ten
+// binades (2^-6 .. 2^3), drawn on the CPU from a fixed seed (the caller's RNG state is not touched).
+struct CheckOperands {
+  at::Tensor a, b, sfa, sfb;
+};
+
+CheckOperands make_check_operands(int64_t m, int64_t n, int64_t k, const at::Device& device) {
+  at::Generator gen = at::detail::createCPUGenerator(0x5EEDull);
+  const auto cpu_u8 = at::TensorOptions().dtype(at::kByte);
+  const auto bytes = [&](int64_t rows, int64_t cols) {
+    return at::randint(0, 256, {rows, cols}, gen, cpu_u8).to(device);
+  };
+  // Biased exponent 1..10, any mantissa: 8 .. 87, never NaN (0x7F).
+  const auto scales = [&](int64_t rows) {
+    return at::randint(8, 88, {round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols)}, gen, cpu_u8)
+        .to(device);
+  };
+  return CheckOperands{bytes(m, k / 2), bytes(n, k / 2), scales(m), scales(n)};
+}
+
+Verdict run_selfcheck(const Choice& choice, OutDtype out, const at::ScalarType out_type, const DeviceInfo& dev,
+                      const at::Device& device, std::string& detail) {
+  // Sizes whose scale matrices have no padding (the kernels and _scaled_mm then read identical bytes).
+  static constexpr int64_t kShapes[][3] = {{256, 256, 1024}, {128, 256, 512}, {512, 512, 2048}, {1024, 1024, 4096}};
+  char why[kErrLen] = {0};
+  for (const auto& shape : kShapes) {
+    const int64_t m = shape[0], n = shape[1], k = shape[2];
+    const CheckOperands o = make_check_operands(m, n, k, device);
+    at::Tensor c = at::empty({m, n}, o.a.options().dtype(out_type));
+    const Problem p{o.a.data_ptr<uint8_t>(), o.b.data_ptr<uint8_t>(), o.sfa.data_ptr<uint8_t>(),
+                    o.sfb.data_ptr<uint8_t>(), nullptr, c.data_ptr(), m, n, k, k / 2, k / 2, n, out};
+    if (!choice.api->can_run(&p, choice.config, &dev, why, kErrLen)) continue;
+    const MmShape s{m, n, k, out_type, false};
+    run_arch(choice, s, p, o.a, dev);
+
+    at::Tensor ref;
+    std::string ref_name = "torch._scaled_mm";
+    try {
+      ref = at::_scaled_mm(o.a.view(at::kFloat4_e2m1fn_x2), o.b.view(at::kFloat4_e2m1fn_x2).t(),
+                           o.sfa.view(at::kFloat8_e4m3fn), o.sfb.view(at::kFloat8_e4m3fn), std::nullopt,
+                           std::nullopt, out_type);
+    } catch (const c10::Error&) {
+      ref_name = "the generic path";
+      ref = at::empty({m, n}, o.a.options().dtype(out_type));
+      Problem pr = p;
+      pr.c = ref.data_ptr();
+      run_generic(s, pr, o.a, ref, dev.sm);
+    }
+    // Both sides sum exact products in fp32; only the summation order and the final rounding differ. A
+    // misplaced scale or a wrong nibble moves outputs by a sizeable fraction of the largest one.
+    const at::Tensor got = c.to(at::kFloat), want = ref.to(at::kFloat);
+    const double u = out == OutDtype::kFloat32 ? 0x1p-24 : out == OutDtype::kBFloat16 ? 0x1p-8 : 0x1p-11;
+    const at::Tensor tol = want.abs() * (4 * u) + want.abs().max() * 0x1p-10;
+    const at::Tensor bad = ((got - want).abs() > tol) | got.isnan() | want.isnan();
+    const int64_t n_bad = bad.sum().item<int64_t>();
+    if (n_bad == 0) return Verdict::kPass;
+    detail = std::to_string(n_bad) + " of " + std::to_string(m * n) + " outputs differ from " + ref_name +
+             " at M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+             " (max |diff| " + std::to_string((got - want).abs().max().item<float>()) + ", max |ref| " +
+             std::to_string(want.abs().max().item<float>()) + ")";
+    return Verdict::kFail;
+  }
+  detail = "no self-check shape fits this config; it runs unchecked";
+  return Verdict::kPass;
+}
+
+// Whether `choice` may run this call: true once its self-check passed on this device. During CUDA-graph
+// capture a check cannot run (it synchronizes): an unchecked config then gives way to the generic path
+// for this call, with a warning to make one call before capturing.
+bool verified(const Choice& choice, OutDtype out, at::ScalarType out_type, int device_index,
+              const DeviceInfo& dev, const at::Device& device) {
+  if (choice.api == nullptr || !selfcheck_applies(choice.api)) return true;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const BackendApi*, int32_t, int>, Verdict> verdicts;
+  const auto key = std::make_tuple(device_index, choice.api, choice.config, static_cast<int>(out));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = verdicts.find(key);
+  if (it != verdicts.end()) return it->second == Verdict::kPass;
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    TORCH_WARN_ONCE("nvfp4_gemm: ", choice_name(choice), " has not passed its first-use self-check in this process "
+                    "and cannot run it during CUDA-graph capture; the generic path runs instead. Make one eager "
+                    "call of each shape before capturing (NVFP4_GEMM_SELFCHECK=0 skips the check).");
+    return false;
+  }
+  std::string detail;
+  const Verdict v = run_selfcheck(choice, out, out_type, dev, device, detail);
+  verdicts.emplace(key, v);
+  if (v == Verdict::kFail) {
+    TORCH_WARN("nvfp4_gemm: self-check of ", choice_name(choice), " on cuda:", device_index, " (SM ", dev.sm / 10,
+               ".", dev.sm % 10, ") FAILED: ", detail, ". Its problems go to the generic path from now on. Please "
+               "report this with the output of `python -m nvfp4_gemm --selftest`.");
+  } else if (!detail.empty()) {
+    TORCH_WARN_ONCE("nvfp4_gemm: ", choice_name(choice), ": ", detail);
+  }
+  return v == Verdict::kPass;
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+void mm_into(const MmShape& s, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+             const at::Tensor& sfb, const std::optional<at::Tensor>& alpha, const at::Tensor& c) {
+  const int device_index = a.get_device();
+  const DeviceInfo& dev = device_info(device_index);
   TORCH_CHECK(dev.sm >= 80, "nvfp4_gemm.mm: no usable kernel for this GPU (SM ", dev.sm / 10, ".", dev.sm % 10,
               "): the CUDA backends need SM >= 8.0; move the tensors to the CPU to use the CPU backend");
 
   const Problem p{static_cast<const uint8_t*>(a.data_ptr()),
                   static_cast<const uint8_t*>(b.data_ptr()),
-                  static_cast<const uint8_t*>(sfa.data_ptr()),
+                  s.weight_only ? nullptr : static_cast<const uint8_t*>(sfa->data_ptr()),
                   static_cast<const uint8_t*>(sfb.data_ptr()),
                   alpha.has_value() ? alpha->data_ptr<float>() : nullptr,
                   c.data_ptr(),
                   s.m, s.n, s.k,
-                  s.m > 1 ? a.stride(0) : s.k / 2,
+                  s.m > 1 ? a.stride(0) * static_cast<int64_t>(a.element_size()) : s.k / 2,
                   s.n > 1 ? b.stride(0) : s.k / 2,
-                  s.n,
+                  s.m > 1 ? c.stride(0) : s.n,
                   to_out_dtype(s.out_dtype)};
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Choice choice = choose(p, dev);
-  maybe_print(choice, p);
-  char err[kErrLen] = {0};
-
+  // The arch modules take W4A4 problems only: the weight-only form runs on the generic path.
+  Choice choice = s.weight_only ? Choice{} : choose(p, dev);
+  if (!verified(choice, p.out_dtype, s.out_dtype, device_index, dev, a.device())) choice = Choice{};
+  maybe_print(choice, p, s.weight_only);
   if (choice.api == nullptr) {
-    TORCH_CHECK(s.m < INT32_MAX && s.n < INT32_MAX && s.k < INT32_MAX, "nvfp4_gemm.mm: the generic path takes "
-                "dimensions below 2^31, got M=", s.m, " N=", s.n, " K=", s.k);
-    const at::ScalarType op = generic::decode_to_bf16(p.out_dtype) ? at::kBFloat16 : at::kHalf;
-    at::Tensor a_dq = at::empty({s.m, s.k}, a.options().dtype(op));
-    at::Tensor b_dq = at::empty({s.n, s.k}, a.options().dtype(op));
-    const bool ok = generic::run(p, at::cuda::getCurrentCUDABlasHandle(), a_dq.data_ptr(), b_dq.data_ptr(), stream,
-                                 err, kErrLen);
-    TORCH_CHECK(ok, "nvfp4_gemm.mm (generic CUDA path, SM ", dev.sm, "): ", err);
-    return c;
+    run_generic(s, p, a, c, dev.sm);
+  } else {
+    run_arch(choice, s, p, a, dev);
   }
+}
 
-  const size_t ws_bytes = choice.api->workspace_bytes(&p, choice.config, &dev);
-  at::Tensor workspace;
-  if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(at::kByte));
-  const bool ok = choice.api->run(&p, choice.config, ws_bytes ? workspace.data_ptr() : nullptr, ws_bytes, stream,
-                                  err, kErrLen);
-  TORCH_CHECK(ok, "nvfp4_gemm.mm (", choice.api->name, " config ", choice.api->config_names[choice.config],
-              ", M=", s.m, " N=", s.n, " K=", s.k, "): ", err);
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                   const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
+                   std::optional<at::ScalarType> out_dtype) {
+  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, nullptr, /*gpu_rules=*/true);
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor c = at::empty({s.m, s.n}, a.options().dtype(s.out_dtype));
+  if (s.m > 0 && s.n > 0) mm_into(s, a, b, sfa, sfb, alpha, c);
   return c;
+}
+
+void mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                 const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
+                 std::optional<at::ScalarType> out_dtype, const at::Tensor& out) {
+  const MmShape s = check_mm_inputs(a, b, sfa, sfb, alpha, out_dtype, &out, /*gpu_rules=*/true);
+  const c10::cuda::CUDAGuard guard(a.device());
+  if (s.m > 0 && s.n > 0) mm_into(s, a, b, sfa, sfb, alpha, out);
 }
 
 }  // namespace
 }  // namespace nvfp4_gemm
 
-TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) { m.impl("mm", &nvfp4_gemm::mm_cuda); }
+TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
+  m.impl("mm", &nvfp4_gemm::mm_cuda);
+  m.impl("mm_out", &nvfp4_gemm::mm_out_cuda);
+}

@@ -6,13 +6,15 @@ thread (16 for the '16' variants, 4 for 'fragment4'); each CTA covers 128 rows x
             g and g + 8, [16 tig, +16) and [64 + 16 tig, +16) of each 128-byte K block)
   row:      a warp reads 512 contiguous bytes of one row per load, a row's 2048 bytes at a time
   linear:   the CTA's 256 KB of the flat buffer in address order
-    python benchmarks/hbm_pattern_probe.py
+    python benchmarks/diagnostics/hbm_pattern_probe.py
 """
 import torch
 from torch.utils.cpp_extension import load_inline
 
 SRC = r"""
 #include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   uint4 v;
@@ -50,7 +52,8 @@ void run(torch::Tensor b, torch::Tensor sink, int64_t pattern) {
   dim3 grid(b.size(0) / 128, 4);
   auto* f = pattern == 0 ? rd<0, 8> : pattern == 1 ? rd<1, 8> : pattern == 2 ? rd<2, 8> :
             pattern == 3 ? rd<0, 16> : pattern == 4 ? rd<1, 16> : pattern == 5 ? rd<2, 16> : rd<0, 4>;
-  f<<<grid, 256>>>(b.data_ptr<uint8_t>(), b.stride(0), (uint32_t*)sink.data_ptr());
+  f<<<grid, 256, 0, at::cuda::getCurrentCUDAStream()>>>(b.data_ptr<uint8_t>(), b.stride(0), (uint32_t*)sink.data_ptr());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """
 mod = load_inline("hbm_pattern_probe", cpp_sources="void run(torch::Tensor b, torch::Tensor sink, int64_t pattern);",

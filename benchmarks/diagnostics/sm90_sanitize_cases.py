@@ -1,5 +1,5 @@
 """Small shapes that cover every sm90 dispatch entry, split-K, partial tiles in M, N and K, and M = 1,
-for compute-sanitizer (memcheck, racecheck): python benchmarks/sm90_sanitize_cases.py"""
+for compute-sanitizer (memcheck, racecheck): python benchmarks/diagnostics/sm90_sanitize_cases.py"""
 import os
 
 import torch
@@ -23,18 +23,19 @@ def check(m, n, k, tag, out_dtype=torch.float32):
 
 shapes = [(1, 136, 96), (9, 264, 544), (20, 136, 288), (33, 128, 1056), (100, 200, 2080), (130, 392, 160), (300, 136, 544)]
 for m, n, k in shapes:
-    for splits in ("1", "3"):
-        os.environ["NVFP4_GEMM_SM90_SPLITS"] = splits
+    for splits in (1, 3):
+        torch.ops.nvfp4_gemm._sm90_force_splits(splits)
         check(m, n, k, splits)
         check(m, n, k, splits, torch.float16)  # the epilogue stages fp16 and fp32 tiles differently
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
 # 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
-os.environ["NVFP4_GEMM_SM90_SPLITS"] = "3"
+torch.ops.nvfp4_gemm._sm90_force_splits(3)
 forced = [c for c in nvfp4_gemm.configs()["sm90"] if "_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32))]
 for cfg in forced:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
+torch.ops.nvfp4_gemm._sm90_force_splits(0)
 torch.cuda.synchronize()
 print("sanitize cases ran:", len(shapes) * 4 + 3 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])

@@ -1,5 +1,9 @@
 """Per-kernel GPU time of nvfp4_gemm.mm (sm90) on the target shapes, through torch.profiler: where the
-time goes (A prepass, main kernel, split-K reduce). python benchmarks/sm90_profile.py [splits ...]"""
+time goes (A prepass, main kernel, split-K reduce).
+
+    python benchmarks/diagnostics/sm90_profile.py [auto | cfg=<config> | <splits> ...]
+    python benchmarks/diagnostics/sm90_profile.py --once M N K     (three calls, for ncu)
+"""
 import os
 import sys
 
@@ -11,7 +15,7 @@ import nvfp4_gemm
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
 SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
           (512, 4096, 7168), (2304, 4608, 7168)]
-if sys.argv[1:2] == ["--once"]:  # for ncu: python benchmarks/sm90_profile.py --once M N K (3 calls)
+if sys.argv[1:2] == ["--once"]:
     SHAPES = [tuple(int(x) for x in sys.argv[2:5])]
     variants = ["once"]
 else:
@@ -34,16 +38,8 @@ for m, n, k in SHAPES:
             if m > 16:
                 continue
             os.environ["NVFP4_GEMM_CONFIG"] = v[4:]
-        os.environ.pop("NVFP4_GEMM_SM90_FOLD", None)
-        os.environ.pop("NVFP4_GEMM_SM90_L2HINT", None)
-        if v in ("auto", "nofold", "nohint") or v.startswith("cfg="):
-            os.environ.pop("NVFP4_GEMM_SM90_SPLITS", None)
-            if v == "nofold":  # plain 2^-14 decode of both operands (mostly subnormal fp16)
-                os.environ["NVFP4_GEMM_SM90_FOLD"] = "0"
-            if v == "nohint":  # EVICT_NORMAL for every TMA load
-                os.environ["NVFP4_GEMM_SM90_L2HINT"] = "0"
-        else:
-            os.environ["NVFP4_GEMM_SM90_SPLITS"] = v
+        # A split count forced for this variant only (0: automatic); the environment is read once.
+        torch.ops.nvfp4_gemm._sm90_force_splits(0 if v == "auto" or v.startswith("cfg=") else int(v))
         for _ in range(3):
             nvfp4_gemm.mm(a, b, sfa, sfb)
         torch.cuda.synchronize()

@@ -2,8 +2,9 @@
 replay (launch overhead gone), and per kernel through torch.profiler; plus the per-call floor of a tiny
 problem. Diagnostics for docs/SM90_NOTES.md.
 
-    python benchmarks/sm90_small_m_probe.py [M,N,K ...]   (default: the two small-M targets)
-Environment as for mm (NVFP4_GEMM_CONFIG, NVFP4_GEMM_SM90_SPLITS, ...); the sm90 backend is forced.
+    python benchmarks/diagnostics/sm90_small_m_probe.py [M,N,K ...]   (default: the two small-M targets)
+Environment as for mm (NVFP4_GEMM_CONFIG, NVFP4_GEMM_SM90_SPLITS read at the first call, ...); the sm90
+backend is forced.
 """
 import collections
 import os
@@ -13,7 +14,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nvfp4_gemm
-from bench_sm90 import bench, inputs_for
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_sm90 import bench, inputs_for  # noqa: E402
 
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
 

@@ -1,6 +1,8 @@
 #!/bin/bash
 # One device call: build the sm90 module, run the sm90 tests, time the targets. Logs go to $OUT.
-# Usage (repo root, cutlass wheel in .whl/): bash benchmarks/sm90_device.sh [build|test|bench|sanitize]...
+# Usage (repo root, cutlass wheel in .whl/):
+#   bash benchmarks/diagnostics/sm90_device.sh [build|diagbuild|smoke|test|bench|trace|profile|ncu|sanitize]...
+# diagbuild: a diagnostics build (NVFP4_GEMM_DIAGNOSTICS=1), which `trace` needs; build again after it.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -10,6 +12,7 @@ for step in "$@"; do
     build) rm -rf build nvfp4_gemm/*.so  # a reused machine keeps objects whose mtimes can beat the sources'
            (time python3 setup.py build_ext --inplace) >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
            grep -E "spill|error" "$OUT/build.log" | sort | uniq -c | head; python3 -c "import nvfp4_gemm, json; print(json.dumps(nvfp4_gemm.configs()))" ;;
+    diagbuild) (time NVFP4_GEMM_DIAGNOSTICS=1 python3 setup.py build_ext --inplace) >"$OUT/build_diag.log" 2>&1 || { tail -60 "$OUT/build_diag.log"; exit 1; } ;;
     smoke) python3 - <<'PY'
 import os, torch, nvfp4_gemm
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
@@ -26,25 +29,23 @@ PY
     ;;
     test) NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 200 python3 -m pytest -q -rs tests/test_sm90.py tests/test_mm.py > "$OUT/pytest.log" 2>&1; tail -4 "$OUT/pytest.log"
           echo "== whole suite, NVFP4_GEMM_BACKEND=sm90 ==" >> "$OUT/pytest.log"
-          NVFP4_GEMM_BACKEND=sm90 timeout 150 python3 -m pytest -q -rs tests >> "$OUT/pytest.log" 2>&1; tail -6 "$OUT/pytest.log"
-          if grep -q "failed" "$OUT/pytest.log"; then echo "== sm90 tests with NVFP4_GEMM_SM90_SF_BULK=1 ==" | tee -a "$OUT/pytest.log"
-            NVFP4_GEMM_SM90_SF_BULK=1 NVFP4_GEMM_TEST_BACKENDS=sm90 timeout 120 python3 -m pytest -q tests/test_sm90.py tests/test_mm.py >> "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"; fi ;;
+          NVFP4_GEMM_BACKEND=sm90 timeout 150 python3 -m pytest -q -rs tests >> "$OUT/pytest.log" 2>&1; tail -6 "$OUT/pytest.log" ;;
     bench) timeout 240 python3 benchmarks/bench_sm90.py --out "$OUT" ${BENCH_ARGS} > "$OUT/bench.log" 2>&1; tail -14 "$OUT/bench.log" ;;
-    trace) timeout 120 python3 benchmarks/sm90_trace.py ${TRACE_SHAPES} 2>&1 | tee "$OUT/trace.log" ;;
-    profile) timeout 150 python3 benchmarks/sm90_profile.py auto ${PROFILE_SPLITS} 2>&1 | grep -v -i warn | tee "$OUT/profile.log" ;;
+    trace) timeout 120 python3 benchmarks/diagnostics/sm90_trace.py ${TRACE_SHAPES} 2>&1 | tee "$OUT/trace.log" ;;
+    profile) timeout 150 python3 benchmarks/diagnostics/sm90_profile.py auto ${PROFILE_SPLITS} 2>&1 | grep -v -i warn | tee "$OUT/profile.log" ;;
     ncu) for shape in ${NCU_SHAPES:-128,7168,2048}; do echo "=== ncu $shape" >> "$OUT/profile.log"
            NVFP4_GEMM_BACKEND=sm90 timeout 90 ncu --clock-control none -k regex:gemm_kernel -s 2 -c 1 --section SpeedOfLight \
              --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
              --section ComputeWorkloadAnalysis --metrics ${NCU_METRICS:-sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum} \
-             python3 benchmarks/sm90_profile.py --once ${shape//,/ } >> "$OUT/profile.log" 2>&1
+             python3 benchmarks/diagnostics/sm90_profile.py --once ${shape//,/ } >> "$OUT/profile.log" 2>&1
            echo "=== ncu stalls $shape" >> "$OUT/profile.log"  # per-issue stall ratios of every reason
            NVFP4_GEMM_BACKEND=sm90 timeout 90 ncu --clock-control none -k regex:gemm_kernel -s 2 -c 1 \
              --metrics "regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$" \
-             python3 benchmarks/sm90_profile.py --once ${shape//,/ } >> "$OUT/profile.log" 2>&1; done
+             python3 benchmarks/diagnostics/sm90_profile.py --once ${shape//,/ } >> "$OUT/profile.log" 2>&1; done
          grep -E "=== ncu|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|DRAM Throughput|Issued Warp|No Eligible|Warp Cycles Per Issued|Stall|hmma|lts__|Pipe" "$OUT/profile.log" | head -60 ;;
     sanitize) for tool in memcheck racecheck; do
         echo "=== $tool" >> "$OUT/sanitize.log"
-        timeout 120 compute-sanitizer --tool $tool --print-limit 10 python3 benchmarks/sm90_sanitize_cases.py >> "$OUT/sanitize.log" 2>&1; echo "$tool rc=$?"; done
+        timeout 120 compute-sanitizer --tool $tool --print-limit 10 python3 benchmarks/diagnostics/sm90_sanitize_cases.py >> "$OUT/sanitize.log" 2>&1; echo "$tool rc=$?"; done
         grep -E "===|ERROR SUMMARY|RACECHECK SUMMARY|sanitize cases ran" "$OUT/sanitize.log"; grep -A4 -m2 "Race reported" "$OUT/sanitize.log" ;;
   esac
 done

@@ -2,8 +2,11 @@
 when the prepass runs, when CTAs start, how long each waits for its first stage, the MMA time per K tile,
 and what the epilogue (stores, split partials, fix-up) costs. Diagnostics for docs/SM90_NOTES.md.
 
-  python benchmarks/sm90_trace.py [M,N,K ...]      (default: the seven Hopper targets at M <= 512)
-Environment as for mm (NVFP4_GEMM_SM90_SPLITS etc.). Times in us from the first CTA's entry.
+Needs a diagnostics build (the stamps are compiled in only there):
+  NVFP4_GEMM_DIAGNOSTICS=1 NVFP4_GEMM_CUDA_ARCHS=9.0a python setup.py build_ext --inplace
+  python benchmarks/diagnostics/sm90_trace.py [M,N,K ...]   (default: the Hopper targets at M <= 512)
+Environment as for mm (NVFP4_GEMM_SM90_SPLITS read at the first call, etc.). Times in us from the first
+CTA's entry.
 """
 import os
 import statistics
@@ -59,6 +62,10 @@ def analyse(header, rows):
 
 
 def main():
+    from nvfp4_gemm import _build_info
+
+    if not _build_info.BUILD.get("diagnostics"):
+        sys.exit("sm90_trace: this build has no trace stamps; rebuild with NVFP4_GEMM_DIAGNOSTICS=1 (see the docstring)")
     shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or SHAPES
     os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")

@@ -1,0 +1,223 @@
+"""The two public NVFP4 checkpoint formats: which Linear layers are quantized, how, and under which names.
+
+NVIDIA Model Optimizer ("modelopt"), as its unified Hugging Face export writes it:
+  * config: hf_quant_config.json {"producer": ..., "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+    "exclude_modules": [fnmatch patterns], "kv_cache_quant_algo": ...}} and, from later versions on, the same
+    in config.json "quantization_config" {"quant_method": "modelopt", "quant_algo", "ignore", "config_groups"}.
+    "MIXED_PRECISION" lists each quantized layer under "quantized_layers".
+  * every nn.Linear not excluded is quantized; tensors <m>.weight uint8 [N, K/2] (element 2i in the low
+    nibble), <m>.weight_scale float8_e4m3fn [N, K/16] row-major, <m>.weight_scale_2 float32 scalar (the weight
+    DECODE scale amax / 2688), <m>.input_scale float32 scalar (input DECODE scale; static W4A4).
+  * fused projections (q/k/v, gate/up) share weight_scale_2 and input_scale (max of the amaxes).
+compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM):
+  * config: config.json "quantization_config" {"quant_method": "compressed-tensors", "format",
+    "config_groups": {g: {"targets", "weights", "input_activations", "format"}}, "ignore",
+    "quantization_status": "compressed"}; targets / ignore entries are exact module names, "re:<regex>"
+    (re.match) or module class names ("Linear").
+  * tensors <m>.weight_packed uint8 [N, K/2] (same nibble order), <m>.weight_scale float8_e4m3fn [N, K/16],
+    <m>.weight_global_scale float32 [1] = the ENCODE scale = 1 / weight_scale_2, and, when the input
+    activations are "dynamic": "local" (global scale static, block scales per call),
+    <m>.input_global_scale float32 [1] = 1 / input_scale. input_activations null is weight-only (NVFP4A16);
+    "dynamic": true is a fully dynamic input scale.
+  * llm-compressor also makes q/k/v and gate/up share the global scales.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ._checkpoint_io import CheckpointError, UnsupportedFormatError
+
+MODES = ("static", "dynamic", "weight_only")
+# Projections that inference engines fuse into one GEMM; they must share the per-tensor scales.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+HF_QUANT_CONFIG = "hf_quant_config.json"
+CT_FORMAT = "nvfp4-pack-quantized"
+
+# our role -> checkpoint suffix, per format (NVFP4Linear's own buffer names are ModelOpt's)
+ROLE_NAMES = {
+    "modelopt": {"weight": "weight", "weight_scale": "weight_scale", "weight_scale_2": "weight_scale_2",
+                 "input_scale": "input_scale", "bias": "bias"},
+    "compressed-tensors": {"weight": "weight_packed", "weight_scale": "weight_scale",
+                           "weight_scale_2": "weight_global_scale", "input_scale": "input_global_scale",
+                           "bias": "bias"},
+}
+
+
+def fused_group_key(name: str) -> str | None:
+    """'model.layers.3.self_attn.k_proj' -> 'model.layers.3.self_attn:q_proj' (one key per fused group)."""
+    parent, _, leaf = name.rpartition(".")
+    for group in FUSED_GROUPS:
+        if leaf in group:
+            return f"{parent}:{group[0]}"
+    return None
+
+
+def _ct_match(name: str, module: nn.Module, target: str) -> bool:
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name or any(c.__name__ == target for c in type(module).__mro__ if issubclass(c, nn.Module))
+
+
+def _ct_specificity(name: str, target: str) -> int:
+    # compressed-tensors resolves a module matched by several groups by: exact name, then regex, then class
+    return 0 if target == name else 1 if target.startswith("re:") else 2
+
+
+def _mode_of_activations(args, where: str) -> str:
+    """A config_groups entry's input_activations -> static / dynamic / weight_only."""
+    if args is None:
+        return "weight_only"
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{where}: input_activations must be an object or null, got {args!r}")
+    if args.get("num_bits", 4) != 4 or args.get("type", "float") != "float":
+        raise UnsupportedFormatError(f"{where}: input activations with num_bits={args.get('num_bits')} "
+                                     f"type={args.get('type')} are not NVFP4 (W4A4 or weight-only only)")
+    dyn = args.get("dynamic", False)
+    if dyn is True:
+        return "dynamic"
+    if dyn in (False, "local"):  # "local": static global scale, per-block scales computed per call
+        return "static"
+    raise UnsupportedFormatError(f"{where}: input_activations dynamic={dyn!r} is not supported")
+
+
+@dataclass
+class QuantFormat:
+    """What a checkpoint's config says: the format, which Linear layers are quantized and in which mode."""
+    name: str                                   # "modelopt" | "compressed-tensors"
+    source: str                                 # the config file it came from (for messages)
+    exclude: list[str] = field(default_factory=list)       # modelopt: fnmatch patterns
+    groups: list[tuple[list[str], str]] = field(default_factory=list)  # (targets, mode), compressed-tensors style
+    ignore: list[str] = field(default_factory=list)        # compressed-tensors ignore entries
+    quantized_layers: set[str] | None = None    # modelopt MIXED_PRECISION: the explicit list
+    kv_cache: bool = False                      # k_scale / v_scale tensors may be present (ignored)
+
+    def names(self) -> dict[str, str]:
+        return ROLE_NAMES[self.name]
+
+    def layer_mode(self, name: str, module: nn.Module) -> str | None:
+        """None if the module is not quantized in this checkpoint, else its mode as the config says."""
+        if self.name == "modelopt":
+            if self.quantized_layers is not None:
+                quantized = name in self.quantized_layers
+            else:
+                quantized = isinstance(module, nn.Linear) and not any(
+                    fnmatch.fnmatchcase(name, p) for p in self.exclude)
+            if not quantized:
+                return None
+            if not self.groups:  # hf_quant_config.json alone: NVFP4 is W4A4 with static input scales
+                return "static"
+        elif any(_ct_match(name, module, ig) for ig in self.ignore):
+            return None
+        matches = [(t, mode) for targets, mode in self.groups for t in targets if _ct_match(name, module, t)]
+        if not matches:
+            return None if self.name == "compressed-tensors" else "static"
+        target, mode = min(matches, key=lambda tm: _ct_specificity(name, tm[0]))
+        if not isinstance(module, nn.Linear):
+            # a regex also matches parents of the layers it is meant for (re:.*mlp.* matches the MLP block),
+            # which hold no weight of their own; a name or a class names the module itself
+            if target.startswith("re:"):
+                return None
+            raise UnsupportedFormatError(f"{self.source}: target '{target}' quantizes '{name}', a "
+                                         f"{type(module).__name__}; only Linear layers are supported")
+        return mode
+
+    def is_kv_scale(self, tensor_name: str) -> bool:
+        return self.kv_cache and tensor_name.rpartition(".")[2] in ("k_scale", "v_scale")
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+
+
+def _modelopt(qcfg: dict, source: str, groups_cfg: dict | None) -> QuantFormat:
+    algo = qcfg.get("quant_algo")
+    fmt = QuantFormat("modelopt", source)
+    if algo == "MIXED_PRECISION":
+        layers = qcfg.get("quantized_layers") or {}
+        for layer, lc in layers.items():
+            if lc.get("quant_algo") != "NVFP4":
+                raise UnsupportedFormatError(f"{source}: layer '{layer}' uses quant_algo {lc.get('quant_algo')!r}; "
+                                             f"only NVFP4 layers are supported")
+            if lc.get("group_size", 16) != 16:
+                raise UnsupportedFormatError(f"{source}: layer '{layer}' has group_size {lc.get('group_size')}, NVFP4 is 16")
+        fmt.quantized_layers = set(layers)
+    elif algo != "NVFP4":
+        raise UnsupportedFormatError(f"{source}: quant_algo {algo!r} is not supported (only NVFP4; FP8, INT4/AWQ, "
+                                     f"NVFP4_AWQ, W4A8, MXFP4 and others are not)")
+    elif qcfg.get("group_size", 16) != 16:
+        raise UnsupportedFormatError(f"{source}: group_size {qcfg.get('group_size')} is not NVFP4's 16")
+    fmt.exclude = list(qcfg.get("exclude_modules") or qcfg.get("ignore") or [])
+    fmt.kv_cache = bool(qcfg.get("kv_cache_quant_algo") or qcfg.get("kv_cache_scheme"))
+    for gname, g in (groups_cfg or {}).items():
+        fmt.groups.append((list(g.get("targets") or ["Linear"]),
+                           _mode_of_activations(g.get("input_activations"), f"{source}: config_groups.{gname}")))
+    return fmt
+
+
+def _compressed_tensors(qcfg: dict, source: str) -> QuantFormat:
+    fmt = QuantFormat("compressed-tensors", source)
+    status = qcfg.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise UnsupportedFormatError(f"{source}: quantization_status {status!r}: only compressed checkpoints "
+                                     f"(packed NVFP4 weights) are read")
+    for key in ("sparsity_config", "transform_config"):
+        if qcfg.get(key):
+            raise UnsupportedFormatError(f"{source}: {key} is set; sparse or transformed (rotated) checkpoints "
+                                         f"are not supported")
+    top_format = qcfg.get("format")
+    groups = qcfg.get("config_groups") or {}
+    if not groups:
+        raise CheckpointError(f"{source}: compressed-tensors quantization_config has no config_groups")
+    for gname, g in groups.items():
+        where = f"{source}: config_groups.{gname}"
+        gfmt = g.get("format") or top_format
+        if gfmt != CT_FORMAT:
+            raise UnsupportedFormatError(f"{where}: format {gfmt!r} is not supported (only '{CT_FORMAT}'; "
+                                         f"FP8 'float-quantized', INT 'pack-quantized' / 'int-quantized', "
+                                         f"'mxfp4-pack-quantized' and others are not)")
+        w = g.get("weights") or {}
+        got = (w.get("num_bits"), w.get("type"), w.get("group_size"), w.get("strategy"), w.get("symmetric", True))
+        if got != (4, "float", 16, "tensor_group", True):
+            raise UnsupportedFormatError(f"{where}: weights (num_bits, type, group_size, strategy, symmetric) = {got}; "
+                                         f"NVFP4 is (4, 'float', 16, 'tensor_group', True)")
+        if g.get("output_activations"):
+            raise UnsupportedFormatError(f"{where}: output activation quantization is not supported")
+        fmt.groups.append((list(g.get("targets") or []),
+                           _mode_of_activations(g.get("input_activations"), where)))
+    fmt.ignore = list(qcfg.get("ignore") or [])
+    fmt.kv_cache = bool(qcfg.get("kv_cache_scheme"))
+    return fmt
+
+
+def detect(directory: str, config_dict: dict) -> QuantFormat | None:
+    """The checkpoint's quantization format from config.json's quantization_config or hf_quant_config.json;
+    None for an unquantized checkpoint."""
+    config_path = os.path.join(directory, "config.json")
+    hf_path = os.path.join(directory, HF_QUANT_CONFIG)
+    qcfg = config_dict.get("quantization_config")
+    if qcfg is not None and not isinstance(qcfg, dict):
+        raise CheckpointError(f"{config_path}: quantization_config must be an object, got {type(qcfg).__name__}")
+    method = (qcfg or {}).get("quant_method")
+    if method == "compressed-tensors":
+        return _compressed_tensors(qcfg, config_path)
+    if method == "modelopt" or (qcfg is None and os.path.exists(hf_path)):
+        if os.path.exists(hf_path):  # the original; config.json's copy is derived from it
+            hf = _read_json(hf_path)
+            if "quantization" not in hf:
+                raise CheckpointError(f"{hf_path}: no 'quantization' section")
+            return _modelopt(hf["quantization"], hf_path, (qcfg or {}).get("config_groups"))
+        return _modelopt(qcfg, config_path, qcfg.get("config_groups"))
+    if qcfg is not None:
+        raise UnsupportedFormatError(f"{config_path}: quantization_config quant_method {method!r} is not supported "
+                                     f"(NVFP4 checkpoints: 'modelopt' or 'compressed-tensors')")
+    return None

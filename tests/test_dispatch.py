@@ -1,0 +1,36 @@
+"""The dispatch tables as the arch modules report them (no GPU needed: the modules load on any machine)."""
+from __future__ import annotations
+
+import re
+
+import nvfp4_gemm
+
+
+def test_every_backend_lists_its_rules():
+    rules = nvfp4_gemm.dispatch_rules()
+    configs = nvfp4_gemm.configs()
+    assert "cpu" in rules
+    for backend, names in configs.items():
+        text = rules[backend]
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert lines, f"{backend} reports no dispatch rules"
+        # Rules cover M from 1 upwards, contiguously, and end unbounded.
+        lo = 1
+        for line in lines:
+            m = re.match(r"M (\d+)\.\.(\d+): ", line) or re.match(r"M >= (\d+): ", line)
+            assert m, f"{backend}: unexpected rule {line!r}"
+            assert int(m.group(1)) == lo, f"{backend}: rule {line!r} does not start at M = {lo}"
+            lo = int(m.group(2)) + 1 if m.lastindex == 2 else None
+        assert lo is None, f"{backend}: the last rule must be unbounded, got {lines[-1]!r}"
+        # Every config a rule names is a compiled config, and every rule names one.
+        for line in lines:
+            named = [n for n in names if n in line]
+            assert named or "generic" in line, f"{backend}: rule {line!r} names no compiled config"
+
+
+def test_info_carries_the_rules():
+    backends = nvfp4_gemm.info()["backends"]
+    for backend, text in nvfp4_gemm.dispatch_rules().items():
+        if backend in ("cpu", "generic"):
+            continue
+        assert backends[backend]["dispatch"] == text
