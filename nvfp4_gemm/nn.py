@@ -1,33 +1,49 @@
 """NVFP4Linear (a drop-in inference nn.Linear on NVFP4 weights) and quantize_model.
 
-A layer computes y = x @ W^T + b as
+A layer stores its weight W in NVFP4 (ModelOpt's buffers: `weight` packed [N, K/2] uint8, `weight_scale`
+blocked e4m3, `weight_scale_2` the per-tensor DECODE scale amax(W) / 2688) and computes y = x @ W^T + b in
+one of three modes:
 
-    packed_x, sf_x = quantize(x, gs_x)                    gs_x: the input's ENCODE scale
-    y = mm(packed_x, weight, sf_x, weight_scale, alpha=input_decode * weight_scale_2) + bias
+  * weight-only (W4A16, `weight_only=True`): x stays in its dtype;
+        y = mm(x, weight, None, weight_scale, alpha=weight_scale_2) + bias
+    The mode serving stacks run on Hopper: only the weight is rounded, so it is the more accurate one, and
+    at small batch it reads a quarter of fp16's weight bytes.
+  * static W4A4 (an `input_scale` buffer, a DECODE scale amax / 2688 from calibration, as ModelOpt stores
+    it): x is quantized with gs_x = 1 / input_scale; inputs beyond the calibrated amax saturate.
+  * dynamic W4A4 (neither): gs_x = 2688 / amax of the finite elements of each call's x, computed on the
+    device (one extra read of x, no host sync).
+    W4A4:  y = mm(quantize(x, gs_x), weight, sf_x, weight_scale, alpha=(1 / gs_x) * weight_scale_2) + bias
+    Both operands in NVFP4, as Blackwell's tensor cores run it (the numbers match those exactly).
 
-where weight / weight_scale are the NVFP4 weight (packed [N, K/2] uint8, blocked e4m3 scales) and
-weight_scale_2 the weight's per-tensor DECODE scale (amax(W) / 2688, ModelOpt's name and convention).
-The input's per-tensor scale is either
-  * static: the buffer `input_scale` (a DECODE scale, amax / 2688 from calibration, as ModelOpt stores
-    it); gs_x = 1 / input_scale. Inputs beyond the calibrated amax saturate. No extra pass over x.
-  * dynamic (no `input_scale` buffer): amax of the finite elements of each call's x, computed on the
-    device (one extra read of x, no host sync); gs_x = 448 * 6 / amax.
-Which one a layer uses is decided by whether it has an `input_scale` (constructor `static_input_scale`,
-`from_linear(input_amax=...)`, a ModelOpt checkpoint carrying input_scale, or a loaded state_dict that
-has one).
+Every mode is one call of the native op `nvfp4_gemm.linear` (all the steps on x's device, no host sync;
+CUDA-graph and torch.compile safe). The bias joins the fp32 result before the one rounding to x's dtype.
+Whether a layer is weight-only is a plain attribute (`weight_only`, not in the state_dict: the checkpoint
+layout is ModelOpt's either way); static versus dynamic is decided by the presence of `input_scale`.
 """
 from __future__ import annotations
 
+import importlib
+import logging
+import sys
 from typing import Callable
 
 import torch
 from torch import nn
 
 from .formats import blocked_shape, to_blocked
-from .ops import mm
+from .ops import linear
 from .quantize import finite_amax, global_encode_scale, quantize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_METHODS = ("rtn", "mse", "gptq")
+# Buffers whose dtype is the storage format, not the compute precision: `.half()` and friends leave them.
+_FORMAT_BUFFERS = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+# quantize_model swaps this many layers or more behind a progress bar.
+_PROGRESS_MIN_LAYERS = 8
+# GPTQ: the Hessians held at once (fp32 [K, K] per layer) stay under this many bytes (one layer at least).
+_GPTQ_HESSIAN_BYTES = 2 << 30
+
+log = logging.getLogger(__name__)
 
 
 def shape_supported(in_features: int, out_features: int) -> str | None:
@@ -39,13 +55,53 @@ def shape_supported(in_features: int, out_features: int) -> str | None:
     return None
 
 
-class NVFP4Linear(nn.Module):
-    """y = x @ W^T + b with W stored in NVFP4 and x quantized to NVFP4 on every call (module docstring).
+def _methods_module():
+    """nvfp4_gemm.methods (the weight quantization methods) if this build has it, else None."""
+    name = f"{__package__}.methods"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # the module exists but one of its imports is missing: a real error
+            raise
+        return None
 
-    Buffers (all in state_dict): weight uint8 [N, K/2]; weight_scale float8_e4m3fn, flat 128x4 blocked
-    layout of [N, K/16]; weight_scale_2 float32 [1] (weight decode scale); input_scale float32 [1] (input
-    decode scale, static mode only); bias [N] in the layer's dtype, if any. Inference only (no autograd).
-    Output dtype: x's (float16, bfloat16 or float32); any leading batch dims.
+
+def _check_method(method: str) -> None:
+    methods = _methods_module()
+    known = tuple(methods.METHODS) if methods is not None else _METHODS
+    if method not in known:
+        raise ValueError(f"method must be one of {known}, got {method!r}")
+
+
+def _quantize_weight(w: torch.Tensor, method: str, hessian: torch.Tensor | None):
+    """(packed, blocked scales, weight_scale_2) of w [N, K] by `method` (nvfp4_gemm.methods.quantize_weight)."""
+    methods = _methods_module()
+    if methods is not None:
+        kwargs = {} if hessian is None else {"hessian": hessian}
+        return methods.quantize_weight(w, method, **kwargs)
+    if method != "rtn":
+        raise NotImplementedError(f"method {method!r} needs nvfp4_gemm.methods, which this build does not have")
+    if hessian is not None:
+        raise ValueError("hessian is only used by method='gptq'")
+    gs = global_encode_scale(finite_amax(w))
+    packed, sf = quantize(w, gs)
+    return packed, sf, 1.0 / gs
+
+
+class NVFP4Linear(nn.Module):
+    """y = x @ W^T + b with W stored in NVFP4 (module docstring for the three modes).
+
+    Buffers (all in state_dict, ModelOpt's names): weight uint8 [N, K/2]; weight_scale float8_e4m3fn, flat
+    128x4 blocked layout of [N, K/16]; weight_scale_2 float32 [1] (weight decode scale); input_scale float32
+    [1] (input decode scale, static W4A4 only); bias [N], if any. Inference only (no autograd).
+
+    x: [..., K] with at least 2 dims, float16, bfloat16 or float32, on the layer's device; y has x's leading
+    dims and dtype. A float32 x in weight-only mode runs the weight-only mm in float32 (products exact, fp32
+    accumulation): correct, but no faster than fp32 matmul; feed float16 / bfloat16 for speed.
+
+    Casts: `.half()`, `.bfloat16()`, `.float()`, `.to(dtype)` change only the bias (the layer computes in
+    x's dtype); the weight and scale buffers keep their formats (uint8, e4m3, float32). Device moves move
+    them all.
     """
 
     def __init__(
@@ -55,6 +111,7 @@ class NVFP4Linear(nn.Module):
         bias: bool = True,
         *,
         static_input_scale: bool = False,
+        weight_only: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -62,7 +119,10 @@ class NVFP4Linear(nn.Module):
         why = shape_supported(in_features, out_features)
         if why:
             raise ValueError(f"NVFP4Linear: {why}")
+        if weight_only and static_input_scale:
+            raise ValueError("NVFP4Linear: a weight_only layer has no input scale; static_input_scale must be False")
         self.in_features, self.out_features = in_features, out_features
+        self.weight_only = bool(weight_only)
         rp, cp = blocked_shape(out_features, in_features)
         self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale", torch.zeros(rp * cp, dtype=torch.float8_e4m3fn, device=device))
@@ -80,22 +140,41 @@ class NVFP4Linear(nn.Module):
         if amax is None:
             self.input_scale = None
             return
+        if self.weight_only:
+            raise ValueError("NVFP4Linear.set_input_amax: a weight_only layer does not quantize its input")
         amax = torch.as_tensor(amax, dtype=torch.float32, device=self.weight.device).reshape(1)
         self.input_scale = 1.0 / global_encode_scale(amax)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, input_amax: torch.Tensor | float | None = None) -> "NVFP4Linear":
-        """Quantizes linear.weight (per-tensor scale from its finite amax) on the weight's device; the bias
-        is kept in its dtype. input_amax (from calibration) makes the input scale static."""
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        *,
+        input_amax: torch.Tensor | float | None = None,
+        weight_only: bool = False,
+        method: str = "rtn",
+        hessian: torch.Tensor | None = None,
+    ) -> "NVFP4Linear":
+        """Quantizes linear.weight on its device; the bias keeps its dtype.
+
+        input_amax: the largest |input| seen in calibration; makes the input scale static (W4A4 only).
+        weight_only: activations stay float (W4A16); input_amax must then be None.
+        method: how the weight is rounded, "rtn" (round to nearest with a per-tensor scale from the finite
+            amax), "mse" or "gptq" (nvfp4_gemm.methods.quantize_weight); "gptq" needs `hessian`, the [K, K]
+            float32 second moment of the layer's inputs (methods.HessianAccumulator).
+        """
+        _check_method(method)
+        if weight_only and input_amax is not None:
+            raise ValueError("NVFP4Linear.from_linear: input_amax sets a static input scale, which a weight_only "
+                             "layer does not have; pass input_amax=None")
         w = linear.weight.detach()
         has_bias = linear.bias is not None
-        layer = cls(linear.in_features, linear.out_features, bias=has_bias, device=w.device,
+        layer = cls(linear.in_features, linear.out_features, bias=has_bias, weight_only=weight_only, device=w.device,
                     dtype=linear.bias.dtype if has_bias else torch.float32)
-        gs_w = global_encode_scale(finite_amax(w))
-        packed, sf = quantize(w if w.dtype in _OUT_DTYPES else w.float(), gs_w)
+        packed, sf, wscale2 = _quantize_weight(w if w.dtype in _OUT_DTYPES else w.float(), method, hessian)
         layer.weight.copy_(packed)
-        layer.weight_scale.copy_(sf)
-        layer.weight_scale_2.copy_(1.0 / gs_w)
+        layer.weight_scale.copy_(sf.reshape(-1))
+        layer.weight_scale_2.copy_(wscale2.reshape(1))
         if has_bias:
             layer.bias.copy_(linear.bias.detach())
         layer.set_input_amax(input_amax)
@@ -109,11 +188,13 @@ class NVFP4Linear(nn.Module):
         *,
         device: torch.device | str | None = None,
         bias_dtype: torch.dtype | None = None,
+        weight_only: bool = False,
     ) -> "NVFP4Linear":
         """Builds a layer from NVIDIA Model Optimizer's NVFP4 checkpoint tensors `<prefix>weight` (uint8
         [N, K/2], element 2i in the low nibble), `<prefix>weight_scale` (e4m3 [N, K/16], LINEAR layout: it is
         converted to the blocked layout here, once), `<prefix>weight_scale_2` (fp32 weight decode scale),
-        optional `<prefix>input_scale` (fp32 input decode scale: makes the layer static) and `<prefix>bias`."""
+        optional `<prefix>input_scale` (fp32 input decode scale: makes the layer static W4A4) and
+        `<prefix>bias`. weight_only=True builds a W4A16 layer and ignores any input_scale."""
         if prefix and not prefix.endswith("."):
             prefix += "."
 
@@ -126,6 +207,8 @@ class NVFP4Linear(nn.Module):
 
         weight, wscale, wscale2 = get("weight"), get("weight_scale"), get("weight_scale_2")
         input_scale, bias = get("input_scale", False), get("bias", False)
+        if weight_only:
+            input_scale = None
         if weight.dim() != 2 or weight.dtype not in (torch.uint8, torch.float4_e2m1fn_x2):
             raise ValueError(f"NVFP4Linear.from_modelopt: '{prefix}weight' must be packed NVFP4 uint8 [N, K/2], "
                              f"got {weight.dtype} {tuple(weight.shape)}")
@@ -137,8 +220,8 @@ class NVFP4Linear(nn.Module):
             if t is not None and t.numel() != 1:
                 raise ValueError(f"NVFP4Linear.from_modelopt: '{prefix}{name}' must be one fp32 value, got shape {tuple(t.shape)}")
         device = device if device is not None else weight.device
-        layer = cls(k, n, bias=bias is not None, static_input_scale=input_scale is not None, device=device,
-                    dtype=bias_dtype or (bias.dtype if bias is not None else torch.float32))
+        layer = cls(k, n, bias=bias is not None, static_input_scale=input_scale is not None, weight_only=weight_only,
+                    device=device, dtype=bias_dtype or (bias.dtype if bias is not None else torch.float32))
         layer.weight.copy_(weight.view(torch.uint8))
         layer.weight_scale.copy_(to_blocked(wscale.view(torch.float8_e4m3fn)))
         layer.weight_scale_2.copy_(wscale2.reshape(1).float())
@@ -149,39 +232,109 @@ class NVFP4Linear(nn.Module):
         return layer
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # A saved static layer loads into a fresh (dynamic) one: the checkpoint decides the mode.
-        if prefix + "input_scale" in state_dict and self.input_scale is None:
+        # A saved static layer loads into a fresh (dynamic) one: the checkpoint decides the mode. A weight_only
+        # layer keeps no input scale, so a strict load of one reports it as unexpected.
+        if prefix + "input_scale" in state_dict and self.input_scale is None and not self.weight_only:
             self.input_scale = torch.ones(1, dtype=torch.float32, device=self.weight.device)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _apply(self, fn, recurse=True):
+        # Module.half() / .to(dtype) / .type() cast every floating buffer, e4m3 and fp32 scales included, and
+        # .type() the uint8 weight too. The format buffers take fn's device change only; everything else (the
+        # bias) follows fn. A zero-size probe finds what fn would do without casting the real buffer.
+        kept = {name: self._buffers[name] for name in _FORMAT_BUFFERS if self._buffers.get(name) is not None}
+        for name in kept:
+            self._buffers[name] = None
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, t in kept.items():
+                self._buffers[name] = t
+        for name, t in kept.items():
+            probe = fn(t.new_empty(0))
+            self._buffers[name] = fn(t) if probe.dtype == t.dtype else t.to(probe.device)
+        return self
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"NVFP4Linear: x must be [..., in_features] with at least 2 dims, got {x.dim()}-D shape "
+                             f"{tuple(x.shape)} (x.unsqueeze(0) makes a batch of one)")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"NVFP4Linear: x.shape[-1] must be in_features = {self.in_features}, got {x.shape[-1]}")
         if x.dtype not in _OUT_DTYPES:
             raise ValueError(f"NVFP4Linear: x must be float16, bfloat16 or float32, got {x.dtype}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if self.input_scale is not None:
-            x_decode = self.input_scale
-            x_encode = 1.0 / x_decode
-        else:
-            x_encode = global_encode_scale(finite_amax(x2))
-            x_decode = 1.0 / x_encode
-        packed, sf = quantize(x2, x_encode)
-        alpha = x_decode * self.weight_scale_2
-        if self.bias is None:
-            out = mm(packed, self.weight, sf, self.weight_scale, alpha=alpha, out_dtype=x.dtype)
-        else:
-            # The bias joins the fp32 result before the one rounding to x's dtype: more accurate than two
-            # roundings, and what torch.compile computes too (it drops intermediate low-precision casts).
-            out = mm(packed, self.weight, sf, self.weight_scale, alpha=alpha, out_dtype=torch.float32)
-            out = (out + self.bias.to(torch.float32)).to(x.dtype)
-        return out.reshape(*lead, self.out_features)
+        if x.device != self.weight.device:
+            raise ValueError(f"NVFP4Linear: x must be on the layer's device {self.weight.device}, got {x.device}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The checks repeat the op's own so that the message names the layer's in_features and device.
+        self._check_input(x)
+        return linear(x, self.weight, self.weight_scale, self.weight_scale_2, self.input_scale, self.bias,
+                      weight_only=self.weight_only)
 
     def extra_repr(self) -> str:
-        mode = "static" if self.input_scale is not None else "dynamic"
+        mode = "weight_only" if self.weight_only else "static" if self.input_scale is not None else "dynamic"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"input_scale={mode}")
+                f"mode={mode}")
+
+
+def _tied_weights(model: nn.Module) -> dict[int, list[str]]:
+    """id(parameter) -> every qualified name it has in `model`, for parameters reachable under more than one
+    name (a head tied to the embeddings: lm_head.weight is model.embed_tokens.weight)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {k: v for k, v in names.items() if len(v) > 1}
+
+
+def _gptq_groups(targets: list[tuple[str, nn.Linear]]) -> list[list[tuple[str, nn.Linear]]]:
+    """Consecutive layers of one block (the name up to its first numeric part, as in model.layers.3), split
+    where their Hessians would pass _GPTQ_HESSIAN_BYTES."""
+    def block(name: str) -> str:
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part.isdigit():
+                return ".".join(parts[: i + 1])
+        return name  # not inside a numbered block: a group of its own
+
+    groups: list[list[tuple[str, nn.Linear]]] = []
+    key, size = None, 0
+    for name, mod in targets:
+        nbytes = 4 * mod.in_features**2
+        if groups and block(name) == key and size + nbytes <= _GPTQ_HESSIAN_BYTES:
+            groups[-1].append((name, mod))
+            size += nbytes
+        else:
+            groups.append([(name, mod)])
+            key, size = block(name), nbytes
+    return groups
+
+
+def _calibrate(model, group, calibrate, record_amax: bool, hessians: dict | None):
+    """Runs calibrate(model) once under no_grad with hooks on the group's layers. Returns (each layer's finite
+    input amax if record_amax, the names of the layers that ran) and adds the inputs to hessians[name]."""
+    amax: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
+
+    def hook(name):
+        def record(_mod, args):
+            x = args[0]
+            seen.add(name)
+            if record_amax:
+                a = finite_amax(x)
+                amax[name] = torch.maximum(amax[name], a) if name in amax else a
+            if hessians is not None:
+                hessians[name].add(x.detach())
+        return record
+
+    handles = [mod.register_forward_pre_hook(hook(name)) for name, mod in group]
+    try:
+        with torch.no_grad():
+            calibrate(model)
+    finally:
+        for h in handles:
+            h.remove()
+    return amax, seen
 
 
 def quantize_model(
@@ -189,39 +342,97 @@ def quantize_model(
     filter: Callable[[str, nn.Linear], bool] | None = None,
     *,
     calibrate: Callable[[nn.Module], object] | None = None,
+    weight_only: bool = False,
+    method: str = "rtn",
+    progress: bool = True,
+    quantize_tied: bool = False,
 ) -> nn.Module:
     """Replaces, in place, every nn.Linear of `model` that the kernels accept (K % 32 == 0, N % 8 == 0) and
     that filter(qualified_name, module) accepts (default: all) by NVFP4Linear.from_linear. Returns model.
 
-    calibrate: optional callable run once as calibrate(model) on the unquantized model (under no_grad);
-    each swapped layer then gets a static input scale from the largest finite |input| it saw. Without it,
-    input scales are dynamic. Only exact nn.Linear instances are swapped: subclasses such as
-    MultiheadAttention's out_proj are read through .weight by their owners and are left alone.
-    """
-    targets = [
-        (name, mod)
-        for name, mod in model.named_modules()
-        if type(mod) is nn.Linear
-        and shape_supported(mod.in_features, mod.out_features) is None
-        and (filter is None or filter(name, mod))
-    ]
-    amax: dict[str, torch.Tensor] = {}
-    if calibrate is not None:
-        def hook(name):
-            def record(_mod, args):
-                a = finite_amax(args[0])
-                amax[name] = torch.maximum(amax[name], a) if name in amax else a
-            return record
+    Only exact nn.Linear instances are swapped: subclasses such as MultiheadAttention's out_proj are read
+    through .weight by their owners and are left alone.
 
-        handles = [mod.register_forward_pre_hook(hook(name)) for name, mod in targets]
+    weight_only: W4A16 layers (activations stay float; module docstring).
+    calibrate: a callable run as calibrate(model) under no_grad, feeding the model representative inputs.
+        W4A4: each swapped layer gets a static input scale from the largest finite |input| it saw (without
+        calibrate, input scales are dynamic). Not used by weight-only "rtn" / "mse" (an error to pass it).
+    method: "rtn", "mse" or "gptq" (NVFP4Linear.from_linear). "gptq" needs calibrate: the layers are
+        quantized group by group (the layers of one numbered block such as model.layers.3, split so that
+        their fp32 [K, K] Hessians stay under 2 GiB), each group after a calibrate(model) pass that
+        accumulates the Hessians of that group only; they are freed before the next group. Memory: one
+        block's Hessians. Cost: calibrate runs once per group (about once per decoder block), and later
+        groups see the inputs of the already quantized earlier ones, as sequential GPTQ does.
+    progress: a progress bar (tqdm, on stderr) when 8 or more layers are swapped, and a line for each layer
+        left alone because its weight is tied; False for silence (those lines then go to the logger only).
+    quantize_tied: a Linear whose weight is also another module's parameter (an LM head tied to the token
+        embeddings) is left float by default: swapping it would keep the float tensor for the other owner
+        and add an NVFP4 copy, so the model would grow. True swaps it anyway; the tie is broken (the other
+        owner keeps the float weight) and the model grows by the NVFP4 copy.
+    """
+    _check_method(method)
+    if method == "gptq" and calibrate is None:
+        raise ValueError("quantize_model: method='gptq' needs calibrate (the Hessians come from the layers' inputs)")
+    if weight_only and calibrate is not None and method != "gptq":
+        raise ValueError("quantize_model: calibrate sets static input scales, which weight_only layers do not have; "
+                         "pass calibrate=None (it is only used with weight_only for method='gptq')")
+
+    def say(msg: str) -> None:
+        log.info(msg)
+        if progress:
+            print(msg, file=sys.stderr)
+
+    tied = _tied_weights(model)
+    targets = []
+    for name, mod in model.named_modules():
+        if not (type(mod) is nn.Linear and shape_supported(mod.in_features, mod.out_features) is None
+                and (filter is None or filter(name, mod))):
+            continue
+        others = [n for n in tied.get(id(mod.weight), []) if n != (f"{name}.weight" if name else "weight")]
+        if others and not quantize_tied:
+            say(f"quantize_model: {name} left in float: its weight is tied to {', '.join(others)} "
+                f"(quantize_tied=True quantizes it and breaks the tie)")
+            continue
+        targets.append((name, mod))
+
+    bar = None
+    if progress and len(targets) >= _PROGRESS_MIN_LAYERS:
         try:
-            with torch.no_grad():
-                calibrate(model)
-        finally:
-            for h in handles:
-                h.remove()
-    for name, mod in targets:
+            from tqdm.auto import tqdm
+        except ImportError:
+            tqdm = None
+        if tqdm is not None:
+            bar = tqdm(total=len(targets), desc="quantize_model", unit="layer")
+
+    def swap(name: str, mod: nn.Linear, amax, hessian) -> None:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, NVFP4Linear.from_linear(mod, input_amax=amax.get(name)))
+        setattr(parent, attr, NVFP4Linear.from_linear(mod, input_amax=amax, weight_only=weight_only,
+                                                      method=method, hessian=hessian))
+        if bar is not None:
+            bar.update(1)
+
+    static = calibrate is not None and not weight_only
+    try:
+        if method == "gptq":
+            accumulator = _methods_module().HessianAccumulator
+            for group in _gptq_groups(targets):
+                if bar is not None:
+                    last = f" .. {group[-1][0]}" if len(group) > 1 else ""
+                    bar.set_postfix_str(f"gptq: {group[0][0]}{last}")
+                hessians = {name: accumulator(mod.in_features, mod.weight.device) for name, mod in group}
+                amax, seen = _calibrate(model, group, calibrate, static, hessians)
+                unseen = [name for name, _ in group if name not in seen]
+                if unseen:
+                    raise ValueError(f"quantize_model: calibrate(model) never ran {unseen}: GPTQ needs each "
+                                     f"layer's inputs (leave such layers out with filter=)")
+                for name, mod in group:
+                    swap(name, mod, amax.get(name), hessians.pop(name).hessian())
+        else:
+            amax = _calibrate(model, targets, calibrate, True, None)[0] if static else {}
+            for name, mod in targets:
+                swap(name, mod, amax.get(name), None)
+    finally:
+        if bar is not None:
+            bar.close()
     return model
