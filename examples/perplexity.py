@@ -365,15 +365,15 @@ def main(argv=None) -> dict:
         "gptq": {"act_order": args.gptq_act_order, "scale": args.gptq_scale, "percdamp": args.percdamp,
                  "global_candidates": args.global_candidates},
     }
-    t0 = time.perf_counter()
-    model, tokenizer = load_smollm2(args.device, getattr(torch, args.dtype))
-    print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
-    result = run(model, tokenizer, args)
-    try:
+    try:  # the commit of the code that runs, read before the (long) run
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         commit = ""
+    t0 = time.perf_counter()
+    model, tokenizer = load_smollm2(args.device, getattr(torch, args.dtype))
+    print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    result = run(model, tokenizer, args)
     result.update(commit=commit, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   command="python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])))
     print(table(result))
