@@ -211,6 +211,31 @@ def quantize_all(targets, method, hessians, options) -> tuple[dict, float]:
     return out, time.perf_counter() - t0
 
 
+def quantize_through_model_api(model, calib_ids, seq_len, mode, method) -> tuple[nn.Module, float]:
+    """A copy of model quantized by nvfp4_gemm.quantize_model itself (what a user calls): weight_only= and
+    method= as given; calibrate (the calibration text) for static scales and GPTQ's Hessians, which
+    quantize_model accumulates block by block with the earlier blocks already quantized (sequential GPTQ).
+    A dynamic GPTQ model is calibrated like a static one, then its layers are switched to dynamic scales."""
+    q = copy.deepcopy(model)
+    device = next(q.parameters()).device
+
+    def calibrate(m):
+        for w in windows(calib_ids, seq_len):
+            m(w.to(device).unsqueeze(0))
+
+    kwargs = {"weight_only": mode == "weight-only", "method": method, "progress": False}
+    if mode == "static" or method == "gptq":
+        kwargs["calibrate"] = calibrate
+    t0 = time.perf_counter()
+    nvfp4_gemm.quantize_model(q, **kwargs)
+    secs = time.perf_counter() - t0
+    if mode == "dynamic":
+        for mod in q.modules():
+            if isinstance(mod, NVFP4Linear):
+                mod.set_input_amax(None)
+    return q, secs
+
+
 def run(model, tokenizer, args) -> dict:
     text = open(args.text, encoding="utf-8").read()
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
@@ -219,18 +244,28 @@ def run(model, tokenizer, args) -> dict:
     result = {"model": f"SmolLM2-135M-Instruct ({PACKAGE}, {GGUF_FILE})", "text": os.path.basename(args.text),
               "text_tokens": ids.numel(), "eval_tokens": eval_ids.numel(), "calib_tokens": calib_ids.numel(),
               "seq_len": args.seq_len, "layers": len(targets), "device": args.device, "dtype": args.dtype,
-              "options": args.options, "rows": []}
+              "options": args.options, "driver": args.driver, "rows": []}
     t0 = time.perf_counter()
     result["float_ppl"] = perplexity(model, eval_ids, args.seq_len)
     result["float_eval_s"] = time.perf_counter() - t0
     print(f"float: ppl {result['float_ppl']:.3f} ({result['float_eval_s']:.0f} s)", flush=True)
-    need_calib = "static" in args.modes or "gptq" in args.methods
+    need_calib = args.driver == "layers" and ("static" in args.modes or "gptq" in args.methods)
     amax, hessians = {}, {}
     if need_calib:
         t0 = time.perf_counter()
         amax, hessians = calibrate(model, targets, calib_ids, args.seq_len, hessians="gptq" in args.methods)
         result["calibration_s"] = time.perf_counter() - t0
     for method in args.methods:
+        if args.driver == "quantize_model":
+            for mode in args.modes:
+                q, secs = quantize_through_model_api(model, calib_ids, args.seq_len, mode, method)
+                t0 = time.perf_counter()
+                ppl = perplexity(q, eval_ids, args.seq_len)
+                row = {"mode": mode, "method": method, "ppl": ppl, "quantize_s": secs, "eval_s": time.perf_counter() - t0}
+                result["rows"].append(row)
+                print(f"{mode:11s} {method:4s}: ppl {ppl:.3f} (quantize_model {secs:.1f} s, eval {row['eval_s']:.0f} s)", flush=True)
+                del q
+            continue
         weights, secs = quantize_all(targets, method, hessians, args.options)
         for mode in args.modes:
             t0 = time.perf_counter()
@@ -299,7 +334,12 @@ def main(argv=None) -> dict:
                    help="gptq: quantize columns by decreasing Hessian diagonal")
     p.add_argument("--gptq-scale", choices=("mse", "rtn"), default="mse", help="gptq: how each block scale is chosen")
     p.add_argument("--percdamp", type=float, default=0.01, help="gptq: damping, as a fraction of the mean Hessian diagonal")
-    p.add_argument("--global-candidates", type=int, default=4, help="mse (and gptq's mse scales): per-tensor scale candidates")
+    p.add_argument("--global-candidates", type=int, default=1, help="mse (and gptq's mse scales): per-tensor scale candidates")
+    p.add_argument("--driver", choices=("layers", "quantize_model"), default="layers",
+                   help="layers: each method quantizes the weights once (Hessians from one pass of the float "
+                        "model) and builds the NVFP4 layers of every mode from them; quantize_model: "
+                        "nvfp4_gemm.quantize_model(weight_only=, method=, calibrate=) once per mode (its GPTQ is "
+                        "sequential); method options are then the library defaults")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -325,15 +365,15 @@ def main(argv=None) -> dict:
         "gptq": {"act_order": args.gptq_act_order, "scale": args.gptq_scale, "percdamp": args.percdamp,
                  "global_candidates": args.global_candidates},
     }
-    t0 = time.perf_counter()
-    model, tokenizer = load_smollm2(args.device, getattr(torch, args.dtype))
-    print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
-    result = run(model, tokenizer, args)
-    try:
+    try:  # the commit of the code that runs, read before the (long) run
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         commit = ""
+    t0 = time.perf_counter()
+    model, tokenizer = load_smollm2(args.device, getattr(torch, args.dtype))
+    print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    result = run(model, tokenizer, args)
     result.update(commit=commit, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   command="python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])))
     print(table(result))

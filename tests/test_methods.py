@@ -149,7 +149,7 @@ def test_mse_nonfinite_blocks_stay_as_rtn():
     w[2, 40] = float("inf")
     w[5, 17] = -float("inf")
     rtn = quantize_weight(w, "rtn")
-    mse = quantize_weight(w, "mse")  # the non-finite blocks must not move the per-tensor choice off rtn's
+    mse = quantize_weight(w, "mse", global_candidates=4)  # non-finite blocks do not enter the totals
     bad = ~torch.isfinite(w).reshape(8, -1, SF_VEC).all(-1)
     sr, sm = _scale_bytes(rtn, 8, 64), _scale_bytes(mse, 8, 64)
     cr, cm = (unpack_e2m1(r[0]).reshape(8, -1, SF_VEC) for r in (rtn, mse))
@@ -178,10 +178,10 @@ def test_mse_zero_tensor_and_zero_blocks():
 
 def test_mse_deterministic_and_chunking_free(monkeypatch):
     w = _weight(96, 160, seed=10)
-    a = quantize_weight(w, "mse")
-    b = quantize_weight(w.clone(), "mse")
+    a = quantize_weight(w, "mse", global_candidates=4)
+    b = quantize_weight(w.clone(), "mse", global_candidates=4)
     monkeypatch.setattr(methods, "_CHUNK_ELEMS", 160 * 7)  # 7-row chunks: results must not depend on it
-    c = quantize_weight(w, "mse")
+    c = quantize_weight(w, "mse", global_candidates=4)
     for x, y in ((a, b), (a, c)):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1].view(torch.uint8), y[1].view(torch.uint8))
         assert torch.equal(x[2], y[2])
@@ -192,8 +192,8 @@ def test_mse_deterministic_and_chunking_free(monkeypatch):
 def test_mse_cpu_and_cuda_bitwise_equal(data):
     w = {"gaussian": lambda: _weight(300, 512, seed=11), "adversarial": lambda: _adversarial(seed=12),
          "bf16": lambda: _weight(128, 256, seed=13, dtype=torch.bfloat16)}[data]()
-    cpu = quantize_weight(w, "mse")
-    gpu = quantize_weight(w.cuda(), "mse")
+    cpu = quantize_weight(w, "mse", global_candidates=4)
+    gpu = quantize_weight(w.cuda(), "mse", global_candidates=4)
     assert torch.equal(cpu[0], gpu[0].cpu())
     assert torch.equal(cpu[1].view(torch.uint8), gpu[1].cpu().view(torch.uint8))
     assert torch.equal(cpu[2], gpu[2].cpu())

@@ -74,6 +74,13 @@ def test_machinery_on_a_small_llama():
             layer = q.get_submodule(names[0])
             if mode == "static":
                 assert layer.input_scale is not None
+    # the same through quantize_model (what a user calls), including its sequential GPTQ
+    for mode, method in (("weight-only", "gptq"), ("static", "mse"), ("dynamic", "gptq")):
+        q, _ = ex.quantize_through_model_api(model, ids[100:], 50, mode, method)
+        layer = q.get_submodule(names[0])
+        assert isinstance(layer, ex.NVFP4Linear) and (layer.input_scale is not None) == (mode == "static")
+        ppl = ex.perplexity(q, ids[:100], 50)
+        assert math.isfinite(ppl) and abs(math.log(ppl / float_ppl)) < 0.2, (method, mode, ppl, float_ppl)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the float model is intact
 
 
