@@ -41,6 +41,7 @@ from ._checkpoint_io import (
 )
 from .formats import from_blocked, to_blocked
 from .nn import NVFP4Linear, shape_supported
+from .nn import _calibrate as _run_calibration
 from .quantize import finite_amax, global_encode_scale, quantize as _quantize
 
 __all__ = ["from_pretrained", "save_pretrained", "CheckpointError", "UnsupportedFormatError", "FORMATS"]
@@ -429,21 +430,8 @@ def _materialize_non_persistent(model: nn.Module, device: torch.device) -> None:
 
 
 def _calibrate(model: nn.Module, layers: dict[str, _Layer], calibrate: Callable[[nn.Module], object]) -> None:
-    amax: dict[str, torch.Tensor] = {}
-
-    def hook(name):
-        def record(_mod, args):
-            a = finite_amax(args[0])
-            amax[name] = torch.maximum(amax[name], a) if name in amax else a
-        return record
-
-    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in layers]
-    try:
-        with torch.no_grad():
-            calibrate(model)
-    finally:
-        for h in handles:
-            h.remove()
+    amax, _ = _run_calibration(model, [(n, model.get_submodule(n)) for n in layers], calibrate,
+                               record_amax=True, hessians=None)
     shared: dict[str, torch.Tensor] = {}
     for name, a in amax.items():
         key = fused_group_key(name) or name
