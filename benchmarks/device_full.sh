@@ -1,6 +1,8 @@
 #!/bin/bash
 # One call on a GPU machine: clean build, the whole test suite (auto dispatch, then each backend forced),
-# the main job, the Hopper / quantize / model benchmarks and compute-sanitizer. Logs under $OUT.
+# the selftest and the first-use self-check, the main job, the Hopper / quantize / model benchmarks and
+# compute-sanitizer. Logs under $OUT. The model-facing benchmarks (bench_mm.py, bench_model.py) take a call
+# of their own: benchmarks/README.md.
 #   bash benchmarks/device_full.sh            (repo root; CUTLASS wheel in .whl/ if pip has no network;
 #                                              the MiniLM model package under .model/ if not installed)
 set -o pipefail
@@ -27,6 +29,12 @@ for be in generic sm90; do
     --deselect tests/test_sm100_host.py > "$OUT/pytest_$be.log" 2>&1
   echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/pytest_$be.log" | tail -8
 done
+
+step "selftest (and the first-use self-check, exercised on the sm90 configs with NVFP4_GEMM_SELFCHECK=1)"
+python3 -m nvfp4_gemm --selftest > "$OUT/selftest.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/selftest.log"
+NVFP4_GEMM_SELFCHECK=1 timeout 120 python3 -m pytest tests/test_mm.py tests/test_weight_only.py -q -p no:cacheprovider \
+  -W error::UserWarning > "$OUT/pytest_selfcheck.log" 2>&1
+echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/pytest_selfcheck.log" | tail -6
 
 step "main job"
 python3 -m nvfp4_gemm --json "$OUT/main.json" 2>&1 | tee "$OUT/main.log"
