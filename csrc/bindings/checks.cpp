@@ -194,6 +194,9 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::opt
     TORCH_CHECK(k <= kMaxDim, "nvfp4_gemm.mm: K must be at most 2^31 - 1 = ", kMaxDim, " on CUDA, got K=", k);
   }
   if (gpu_rules && m > 0 && n > 0) {
+    // cuBLAS reads weight-only A with a leading dimension of at least K.
+    TORCH_CHECK(!weight_only || m <= 1 || a.stride(0) >= k, "nvfp4_gemm.mm: weight-only a rows must not overlap "
+                "(row stride >= K = ", k, "), got row stride ", a.stride(0), "; call .contiguous() first");
     check_gpu_readable(a, "a");
     check_gpu_readable(b, "b");
     for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{weight_only ? nullptr : &*sfa, "sfa"},
