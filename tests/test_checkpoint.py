@@ -686,3 +686,24 @@ def test_kv_cache_scales_are_ignored_with_a_warning(checkpoints, tmp_path):
     json.dump(hf, open(d / "hf_quant_config.json", "w"))
     with pytest.raises(CheckpointError, match="k_proj.k_scale': unexpected tensor"):
         from_pretrained(d, progress=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="loading onto a GPU needs a CUDA device")
+@pytest.mark.parametrize("kind,weight_only", (("modelopt", None), ("modelopt_qwen2", None), ("modelopt", True),
+                                              ("ct_static", None), ("ct_weight_only", None)))
+def test_load_on_cuda(checkpoints, kind, weight_only):
+    """device="cuda": the same tensors as a CPU load, bit for bit, and the same model within the numerics
+    that separate the two devices (float ops around the linears; W4A4 then re-rounds activations)."""
+    d, src, ref, ids = checkpoints[kind]
+    if (weight_only or kind == "ct_weight_only") and NO_WEIGHT_ONLY:
+        pytest.skip(NO_WEIGHT_ONLY)
+    on_cpu = from_pretrained(d, weight_only=weight_only, torch_dtype=torch.float32, progress=False)
+    on_gpu = from_pretrained(d, weight_only=weight_only, device="cuda", torch_dtype=torch.float32, progress=False)
+    assert all(t.device.type == "cuda" for t in on_gpu.state_dict().values())
+    assert_same_state(on_cpu, on_gpu.cpu())
+    on_gpu.cuda()
+    with torch.no_grad():
+        got = on_gpu(ids.cuda()).logits.cpu()
+        want = on_cpu(ids).logits
+    weight_only_mode = weight_only or (kind == "ct_weight_only" and weight_only is None)
+    assert rel_error(got, want) < (1e-4 if weight_only_mode else 0.05)
