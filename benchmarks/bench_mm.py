@@ -36,6 +36,7 @@ except ImportError:  # an in-place build run from a checkout
     import nvfp4_gemm
 
 from _timing import (  # noqa: E402
+    parse_choices,
     Reader, Timer, Unavailable, copy_ceiling, env, fmt, free_memory, humming_reason, humming_w4a16, l2_bytes,
     matmul_ceiling, md_table, run_meta, weight_only_mm_reason,
 )
@@ -257,14 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, wall clock, no graphs: checks the logic")
     args = ap.parse_args(argv)
 
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        raise SystemExit(f"--variants: expected a comma list of {', '.join(VARIANTS)}, got {args.variants!r}")
-    backends = [b for b in args.backends.split(",") if b]
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        raise SystemExit(f"--backends: expected a comma list of {', '.join(BACKENDS)}, got {args.backends!r}")
+    variants = parse_choices(args.variants, VARIANTS, "--variants", empty_ok=False)
+    backends = parse_choices(args.backends, BACKENDS, "--backends", empty_ok=True)
     if "ours" in variants:  # the forced backends sit beside automatic dispatch in the table
         i = variants.index("ours") + 1
         variants[i:i] = [f"ours[{b}]" for b in backends]

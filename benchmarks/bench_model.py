@@ -36,6 +36,7 @@ except ImportError:  # an in-place build run from a checkout
     import nvfp4_gemm
 
 from _timing import (  # noqa: E402
+    parse_choices,
     Timer, Unavailable, fmt, free_memory, humming_reason, humming_w4a16, md_table, run_meta, weight_only_mm_reason,
 )
 
@@ -315,10 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny stack, wall clock, no graphs: checks the logic")
     args = ap.parse_args(argv)
 
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        raise SystemExit(f"--variants: expected a comma list of {', '.join(VARIANTS)}, got {args.variants!r}")
+    variants = parse_choices(args.variants, VARIANTS, "--variants", empty_ok=False)
     if "fp16" not in variants:  # every ratio is to it
         variants.insert(0, "fp16")
     variants.sort(key=VARIANTS.index)  # fp16 first, static before dynamic's ratio is read
