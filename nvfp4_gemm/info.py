@@ -26,8 +26,8 @@ def dispatch_rules() -> dict[str, str]:
     first match wins), then the generic path and the CPU backend."""
     rules = {name: v.get("dispatch", "") for name, v in json.loads(torch.ops.nvfp4_gemm._backends_json()).items()}
     if _build_info().get("with_cuda"):
-        rules["generic"] = ("every CUDA problem no arch table takes, and the weight-only form: decode to "
-                            "fp16/bf16/fp32, one cuBLAS GEMM\n")
+        rules["generic"] = ("every CUDA problem no arch table takes (float32 activations, the weight-only form "
+                            "off Hopper): decode to fp16/bf16/fp32, one cuBLAS GEMM\n")
     rules["cpu"] = "every problem on CPU tensors: exact decode, fp32 matmul\n"
     return rules
 

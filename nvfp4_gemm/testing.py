@@ -85,6 +85,8 @@ class Reference:
     def __init__(self, inputs: dict, device: str | torch.device | None = None):
         a, b, sfa, sfb, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "alpha", "out_dtype"))
         dev = torch.device(device) if device is not None else a.device
+        if dt is None:  # mm's default: a's dtype in the weight-only form, float16 for NVFP4 x NVFP4
+            dt = a.dtype if sfa is None else torch.float16
         if sfa is None:  # weight-only: float activations [M, K], exact in float64
             k = a.shape[1]
             ad = a.to(dev, torch.float64)

@@ -61,7 +61,9 @@ def composed(x, layer, mode, input_scale=None):
 @pytest.mark.parametrize("dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_linear_equals_composed_ops(backend, mode, dtype, bias):
-    _, device = backend
+    name, device = backend
+    if mode == "weight_only" and dtype == F32 and name in ("sm90", "sm100"):
+        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
     seed = zlib.crc32(f"{mode}-{dtype}-{bias}".encode())
     layer = make_layer(72, 96, device, seed, bias_dtype=dtype if bias else None)
     x = make_x((3, 11, 96), dtype, device, seed + 1)

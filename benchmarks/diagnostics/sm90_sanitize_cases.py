@@ -1,5 +1,5 @@
-"""Small shapes that cover every sm90 dispatch entry, split-K, partial tiles in M, N and K, and M = 1,
-for compute-sanitizer (memcheck, racecheck): python benchmarks/diagnostics/sm90_sanitize_cases.py"""
+"""Small shapes that cover every sm90 dispatch entry, split-K, partial tiles in M, N and K, and M = 1, for
+NVFP4 and for fp16 / bf16 activations (the weight-only form), for compute-sanitizer (memcheck, racecheck): python benchmarks/diagnostics/sm90_sanitize_cases.py"""
 import os
 
 import torch
@@ -21,12 +21,24 @@ def check(m, n, k, tag, out_dtype=torch.float32):
     assert torch.allclose(out.double(), ref, rtol=rtol, atol=1e-3), (m, n, k, tag)
 
 
+def check_weight_only(m, n, k, tag, a_dtype):
+    g = torch.Generator(device="cuda").manual_seed(m)
+    a = torch.randn(m, k, device="cuda", generator=g).to(a_dtype)
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    sfb = nvfp4_gemm.to_blocked(torch.full((n, k // 16), 0x30, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn))
+    out = nvfp4_gemm.mm(a, b, None, sfb, out_dtype=torch.float32)
+    ref = a.double() @ nvfp4_gemm.dequantize(b, sfb, k, torch.float64).T
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-3), (m, n, k, tag, a_dtype)
+
+
 shapes = [(1, 136, 96), (9, 264, 544), (20, 136, 288), (33, 128, 1056), (100, 200, 2080), (130, 392, 160), (300, 136, 544)]
 for m, n, k in shapes:
     for splits in (1, 3):
         torch.ops.nvfp4_gemm._sm90_force_splits(splits)
         check(m, n, k, splits)
         check(m, n, k, splits, torch.float16)  # the epilogue stages fp16 and fp32 tiles differently
+        for dt in (torch.float16, torch.bfloat16):
+            check_weight_only(m, n, k, splits, dt)
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
 # 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
 torch.ops.nvfp4_gemm._sm90_force_splits(3)
@@ -35,7 +47,8 @@ for cfg in forced:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
+        check_weight_only(m, n, k, cfg, torch.bfloat16)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 4 + 3 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 8 + 6 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])

@@ -16,6 +16,10 @@ namespace nvfp4_gemm {
 
 enum class OutDtype : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 };
 
+// What A holds. kE2m1: packed NVFP4 with blocked scales sfa (W4A4). The others: the weight-only form
+// (W4A16), A a plain [m, k] matrix of that type and sfa nullptr, C = alpha * A @ (B * sfb)^T.
+enum class AType : int32_t { kE2m1 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3 };
+
 inline constexpr int64_t kSfVecSize = 16;       // e2m1 elements per e4m3 scale
 inline constexpr int64_t kSfAtomRows = 128;     // blocked-layout atom: 128 rows ...
 inline constexpr int64_t kSfAtomCols = 4;       // ... x 4 scale columns = 512 bytes
@@ -37,9 +41,10 @@ constexpr int64_t blocked_sf_offset(int64_t r, int64_t s, int64_t sf_cols) {
 //   ldc * sizeof(out) a multiple of 16 bytes; sfa / sfb hold the full padded blocked layout
 //   (round_up(m,128) x round_up(k/16,4) bytes, resp. n), contiguous.
 struct Problem {
-  const uint8_t* a;    // [m, k/2] packed e2m1, element 2i in the low nibble; rows lda bytes apart
+  const uint8_t* a;    // kE2m1: [m, k/2] packed e2m1, element 2i in the low nibble; else [m, k] of a_type;
+                       // rows lda bytes apart
   const uint8_t* b;    // [n, k/2] likewise, rows ldb bytes apart
-  const uint8_t* sfa;  // blocked e4m3 scales of A
+  const uint8_t* sfa;  // blocked e4m3 scales of A (kE2m1 only; nullptr otherwise)
   const uint8_t* sfb;  // blocked e4m3 scales of B
   const float* alpha;  // one float on the device, or nullptr for 1
   void* c;             // [m, n] of out_dtype, rows ldc elements apart
@@ -47,6 +52,7 @@ struct Problem {
   int64_t lda, ldb;    // bytes
   int64_t ldc;         // elements
   OutDtype out_dtype;
+  AType a_type = AType::kE2m1;
 };
 
 struct DeviceInfo {
@@ -57,7 +63,8 @@ struct DeviceInfo {
 
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
-inline constexpr int32_t kBackendAbiVersion = 3;
+// v4: Problem::a_type (the weight-only form reaches the arch modules; each can_run refuses what it lacks).
+inline constexpr int32_t kBackendAbiVersion = 4;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion

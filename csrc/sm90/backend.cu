@@ -23,26 +23,41 @@
 
 namespace nvfp4_gemm::sm90 {
 
-#define NVFP4_SM90_EXTERN(T, KT, S, B) extern template cudaError_t launch_gemm<T, KT, S, B>(const LaunchArgs&);
+// Each config is compiled once per A type it serves (generate.py writes one file per pair): the wgmma
+// kernel for fp16 MMA (W4A4, whose A the prepass decodes to fp16, and fp16 activations) and bf16 MMA (bf16
+// activations); the small-M kernel for e2m1, fp16 and bf16 A (it stages A itself).
+#define NVFP4_SM90_EXTERN(T, KT, S, B)                                                          \
+  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kHalf>(const LaunchArgs&); \
+  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16>(const LaunchArgs&);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
-#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B) extern template cudaError_t launch_small_m<T, KB, D, B>(const SmallMLaunch&);
+#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B)                                                        \
+  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kE2m1>(const SmallMLaunch&);    \
+  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kFloat16>(const SmallMLaunch&); \
+  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kBFloat16>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
 
 namespace {
 
-// Launchers by config index: the wgmma entries, then the small-M ones (the kConfigs order).
+// Launchers by config index (the wgmma entries, then the small-M ones: the kConfigs order) and A type.
 using LaunchFn = cudaError_t (*)(const LaunchArgs&);
-#define NVFP4_SM90_LAUNCH(T, KT, S, B) &launch_gemm<T, KT, S, B>,
-constexpr LaunchFn kLaunch[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
+#define NVFP4_SM90_LAUNCH(T, KT, S, B) {&launch_gemm<T, KT, S, B, Elem::kHalf>, &launch_gemm<T, KT, S, B, Elem::kBf16>},
+constexpr LaunchFn kLaunch[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
 using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
-#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B) &launch_small_m<T, KB, D, B>,
-constexpr SmallMLaunchFn kSmallMLaunch[] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
+#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B)                                                         \
+  {&launch_small_m<T, KB, D, B, AType::kE2m1>, &launch_small_m<T, KB, D, B, AType::kFloat16>, \
+   &launch_small_m<T, KB, D, B, AType::kBFloat16>},
+constexpr SmallMLaunchFn kSmallMLaunch[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
 #undef NVFP4_SM90_SMALL_M_LAUNCH
 static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
+static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
+                  static_cast<int>(AType::kBFloat16) == 2,
+              "kSmallMLaunch's columns are AType values");
+
+bool is_a16(const Problem& p) { return p.a_type == AType::kFloat16 || p.a_type == AType::kBFloat16; }
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
 #define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B),
@@ -343,7 +358,8 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
         return false;
       }
     }
-    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma](l)); e != cudaSuccess) {
+    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][static_cast<int>(p->a_type)](l));
+        e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
                       l.row_blocks, sp.splits, l.smem, cudaGetErrorString(e));
@@ -364,6 +380,10 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     if (why && why_len)
       std::snprintf(why, why_len, "sm90 kernels are built for sm_90a (wgmma, setmaxnreg); this device is sm_%d",
                     static_cast<int>(dev->sm));
+    return false;
+  }
+  if (p->a_type != AType::kE2m1 && !is_a16(*p)) {
+    set_msg(why, why_len, "sm90 takes NVFP4, float16 or bfloat16 a; float32 a runs on the generic path");
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
@@ -492,12 +512,13 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   gp.ktiles = pl.ktiles;
   gp.tiles_w = pl.tiles_w;
   gp.out_dtype = p->out_dtype;
-  // Powers of two folded into the decodes (sm90_gemm.cuh, numerics): A x 2^7 x 2^7 (A_dec = e2m1 x e4m3
-  // exactly), B's scales x 2^7; the sums then carry 2^-7, which the epilogue multiplies back.
+  // Powers of two folded into the decodes (sm90_gemm.cuh, numerics): NVFP4 A x 2^7 x 2^7 (A_dec = e2m1 x
+  // e4m3 exactly; 16-bit A is taken as it is), B's scales x 2^7; the sums then carry 2^-7, which the
+  // epilogue multiplies back.
   constexpr uint32_t kHalf2Two7 = 0x58005800u;  // fp16x2 {128, 128}
   const uint32_t a_fold = kHalf2Two7, a_post = kHalf2Two7;
-  gp.b_fold = kHalf2Two7;
   gp.out_mult = 128.0f;
+  const bool a16 = is_a16(*p), bf16 = p->a_type == AType::kBFloat16;
   args.stream = stream;
 
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
@@ -512,16 +533,24 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     gp.trace = trace_buffer_for_launch(gp.grid, stream);
 #endif
-    decode_a_kernel<<<static_cast<unsigned>(ceil_div(threads, 256)), 256, 0, stream>>>(
-        p->a + r0 * p->lda, p->lda, p->sfa, static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(p->k),
-        sf_atoms_per_row, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post, gp.trace);
+    const unsigned blocks = static_cast<unsigned>(ceil_div(threads, 256));
+    if (a16) {
+      order_a16_kernel<<<blocks, 256, 0, stream>>>(p->a + r0 * p->lda, p->lda, static_cast<int>(rows),
+                                                   static_cast<int>(p->k), reinterpret_cast<uint16_t*>(a_dec),
+                                                   static_cast<int>(pl.kp), gp.counters, n_counters);
+    } else {
+      decode_a_kernel<<<blocks, 256, 0, stream>>>(
+          p->a + r0 * p->lda, p->lda, p->sfa, static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(p->k),
+          sf_atoms_per_row, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post, gp.trace);
+    }
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {  // read once: this also clears it
       if (err && err_len)
-        std::snprintf(err, err_len, "sm90 %s: launching the A decode prepass failed: %s", kConfigs[config].name,
+        std::snprintf(err, err_len, "sm90 %s: launching the A prepass failed: %s", kConfigs[config].name,
                       cudaGetErrorString(e));
       return false;
     }
-    if (!encode_2d(&gp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_dec, static_cast<uint64_t>(pl.kp),
+    if (!encode_2d(&gp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_dec,
+                   static_cast<uint64_t>(pl.kp),
                    static_cast<uint64_t>(rows), static_cast<uint64_t>(pl.kp * 2), 64,
                    static_cast<uint32_t>(pl.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
       set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for decoded A");
@@ -529,7 +558,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     }
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     gp.m = static_cast<int>(rows);
-    if (const cudaError_t e = consumed(kLaunch[config](args)); e != cudaSuccess) {
+    if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d, %d bytes of shared memory): %s",
                       kConfigs[config].name, gp.grid, smem_bytes(pl.tokens, pl.kt, kConfigs[config].stages),
@@ -595,6 +624,34 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
                  hmul2_u32(hmul2_u32(decode_word_rt(w1, s), __high2half2(s01)), post),
                  hmul2_u32(hmul2_u32(decode_word_rt(w2, s), __low2half2(s23)), post),
                  hmul2_u32(hmul2_u32(decode_word_rt(w3, s), __high2half2(s23)), post));
+}
+
+// 16-bit A (fp16 or bf16, the weight-only form) in the same permuted K order as decode_a_kernel writes:
+// vector v = 2s + h of a 64-K block holds, for q = 0..3, elements {16q + 8h + s, 16q + 8h + s + 4} (what
+// decode_word<s> makes of word h of scale group q). One thread per output vector; the four 16-byte
+// source chunks it picks from are shared by the 4 threads of equal h (L1 serves the repeats). K past the
+// end (K % 64 == 32) is zero. Threads 0.. zero the split counters, as decode_a_kernel does.
+__global__ void __launch_bounds__(256) order_a16_kernel(const uint8_t* __restrict__ a, int64_t lda, int rows, int k,
+                                                        uint16_t* __restrict__ out, int kp, uint32_t* counters,
+                                                        int n_counters) {
+  cudaTriggerProgrammaticLaunchCompletion();  // the GEMM may launch now; it waits for our writes itself
+  const int kblocks = kp / 64;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx < n_counters) counters[idx] = 0;
+  if (idx >= static_cast<int64_t>(rows) * kblocks * 8) return;
+  const int v = static_cast<int>(idx & 7), s = v >> 1, h = v & 1;
+  const int64_t blk = idx >> 3;
+  const int r = static_cast<int>(blk / kblocks), kb = static_cast<int>(blk % kblocks);
+  const uint8_t* src = a + static_cast<int64_t>(r) * lda + (kb * 64 + 8 * h) * 2;
+  const bool full = kb * 64 + 64 <= k;  // K % 32 == 0: groups 0, 1 always exist, 2, 3 only in a full block
+  uint32_t pick[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 c = (q < 2 || full) ? __ldg(reinterpret_cast<const uint4*>(src + 32 * q)) : make_uint4(0, 0, 0, 0);
+    const uint32_t lo = s < 2 ? c.x : c.y, hi = s < 2 ? c.z : c.w;  // elements {s, s+4}: word s/2 of each half
+    pick[q] = __byte_perm(lo, hi, (s & 1) ? 0x7632 : 0x5410);
+  }
+  reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64)[v] = make_uint4(pick[0], pick[1], pick[2], pick[3]);
 }
 
 const char* dispatch_rules() {

@@ -1,9 +1,10 @@
 // The FP4 decode shared by the sm90 kernels (the wgmma kernel in sm90_gemm.cuh
-// and the small-M streaming kernel in sm90_small_m.cuh): the one place where e2m1 bits become fp16.
+// and the small-M streaming kernel in sm90_small_m.cuh): the one place where e2m1 bits become fp16 or bf16.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -22,9 +23,77 @@ __device__ __forceinline__ uint32_t decode_word(uint32_t w) {
   return mag | sgn;
 }
 
+// The same for bf16 (8 exponent bits, 7 mantissa bits): the magnitude lands on bits 8..6 (exponent bits
+// 1..0, mantissa bit 6), which reads as value * 2^-126 (code 1 = 0.5 becomes the subnormal 2^-127).
+template <int R>
+__device__ __forceinline__ uint32_t decode_word_bf16(uint32_t w) {
+  static_assert(R >= 0 && R < 4, "four outputs per word");
+  const uint32_t mag = (R < 2 ? (w << (6 - 4 * R)) : (w >> (4 * R - 6))) & 0x01C001C0u;
+  const uint32_t sgn = (w << (12 - 4 * R)) & 0x80008000u;
+  return mag | sgn;
+}
+
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, __half2 s) {
   __half2 h = __hmul2(*reinterpret_cast<__half2*>(&x), s);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// The 16-bit type the tensor cores multiply in. kHalf serves both the W4A4 form (A decoded to fp16 too)
+// and fp16 activations; kBf16 serves bf16 activations. Each decodes a B element to e2m1 * e4m3 * 2^-7
+// exactly: 5 significant bits at most, between 2^-17 and 21, a normal number in either type. The
+// epilogue multiplies 2^7 back (out_mult).
+enum class Elem { kHalf, kBf16 };
+
+template <Elem E>
+struct BDecode;
+
+template <>
+struct BDecode<Elem::kHalf> {
+  using T = __half;
+  template <int R>
+  __device__ __forceinline__ static uint32_t word(uint32_t w) { return decode_word<R>(w); }
+  // Two e4m3 scales (low byte first) -> {s0 * 2^7, s1 * 2^7} in fp16 (exact: 448 * 2^7 < 65504), the
+  // factor that turns word()'s value * 2^-14 into value * scale * 2^-7.
+  __device__ __forceinline__ static uint32_t scales(uint16_t e4m3x2) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(e4m3x2), __NV_E4M3);
+    const __half2 s = __hmul2(*reinterpret_cast<const __half2*>(&r), __half2half2(__ushort_as_half(0x5800)));
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static uint32_t mul(uint32_t x, uint32_t s) {
+    __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&s));
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <>
+struct BDecode<Elem::kBf16> {
+  using T = __nv_bfloat16;
+  template <int R>
+  __device__ __forceinline__ static uint32_t word(uint32_t w) { return decode_word_bf16<R>(w); }
+  // {s0 * 2^119, s1 * 2^119} in bf16, exact: 4 significant bits, from 2^-9 * 2^119 up to 448 * 2^119 =
+  // 1.75 * 2^127 (bf16's largest is 1.99 * 2^127); it turns word()'s value * 2^-126 into value * scale * 2^-7.
+  __device__ __forceinline__ static uint32_t scales(uint16_t e4m3x2) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(e4m3x2), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+    const __nv_bfloat162 s = __floats2bfloat162_rn(f.x * 0x1p119f, f.y * 0x1p119f);
+    return *reinterpret_cast<const uint32_t*>(&s);
+  }
+  __device__ __forceinline__ static uint32_t mul(uint32_t x, uint32_t s) {
+    __nv_bfloat162 h =
+        __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x), *reinterpret_cast<const __nv_bfloat162*>(&s));
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// {lo, lo} and {hi, hi} of a pair of 16-bit values.
+__device__ __forceinline__ uint32_t low_pair(uint32_t x) { return __byte_perm(x, 0, 0x1010); }
+__device__ __forceinline__ uint32_t high_pair(uint32_t x) { return __byte_perm(x, 0, 0x3232); }
+
+// Eight 16-bit activations (elements 0..7 of a group, low half first) in decode_word's output order:
+// output r = {element r, element r + 4}, so that A lines up with the decoded B words element for element.
+__device__ __forceinline__ uint4 pair_like_decode(uint4 v) {
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                    __byte_perm(v.y, v.w, 0x7632));
 }
 
 }  // namespace nvfp4_gemm::sm90

@@ -1,7 +1,10 @@
-"""Writes csrc/sm90/generated/<config name>.cu, one explicit instantiation per entry of the config table.
+"""Writes csrc/sm90/generated/<config name>_<type>.cu: one explicit instantiation per entry of the config
+table and per A type it serves (wgmma: fp16 MMA for NVFP4 and fp16 A, bf16 MMA for bf16 A; small-M: e2m1,
+fp16 and bf16 A).
 
 The table is the NVFP4_SM90_CONFIGS X-macro in configs.h; this script reads it from there, so the
-instantiation files cannot drift from dispatch. One TU per config lets the build compile them in parallel.
+instantiation files cannot drift from dispatch. One TU per (config, type) lets the build compile them in
+parallel.
 Run: python csrc/sm90/generate.py (rewrites generated/, removing stale files).
 """
 import os
@@ -45,11 +48,13 @@ def main():
             open(path, "w").write(body)
 
     for t, kt, s, b in configs():
-        write(name(t, kt, s, b) + ".cu", "sm90_gemm.cuh",
-              f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}>(const LaunchArgs&);")
+        for suffix, elem in (("f16", "kHalf"), ("bf16", "kBf16")):
+            write(f"{name(t, kt, s, b)}_{suffix}.cu", "sm90_gemm.cuh",
+                  f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}, Elem::{elem}>(const LaunchArgs&);")
     for t, kb, d, b in small_m_configs():
-        write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_mma16816.cu", "sm90_small_m.cuh",
-              f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}>(const SmallMLaunch&);")
+        for suffix, atype in (("e2m1", "kE2m1"), ("f16", "kFloat16"), ("bf16", "kBFloat16")):
+            write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_mma16816_{suffix}.cu", "sm90_small_m.cuh",
+                  f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, AType::{atype}>(const SmallMLaunch&);")
     for fn in os.listdir(out):
         if fn.endswith(".cu") and fn not in wanted:
             os.remove(os.path.join(out, fn))

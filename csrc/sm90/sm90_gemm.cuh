@@ -1,5 +1,7 @@
-// Hopper fused NVFP4 GEMM: B (weights) decoded in registers and fed to register-sourced fp16 wgmma,
-// A (activations) decoded once per call by a prepass into fp16 and read by TMA. Torch-free.
+// Hopper fused NVFP4 GEMM: B (weights) decoded in registers and fed to register-sourced fp16 / bf16 wgmma,
+// A (activations) read by TMA as 16-bit values that a prepass wrote once per call: NVFP4 A decoded to
+// fp16 (W4A4), or fp16 / bf16 activations put in the kernel's K order (the weight-only form, W4A16).
+// Torch-free.
 //
 // Roles are swapped against the usual GEMM: wgmma's M side is 64 rows of B per consumer warpgroup, its
 // N side is TOKENS rows of A, so C^T tiles come out of the accumulators. At M = 128 this keeps the MMA
@@ -13,10 +15,13 @@
 //    with at most 6 significant bits and at most 6 * 448 * 2^-14 = 0.164, so it is exact in fp16. The
 //    products of two are >= 2^-48, far above fp32's normal range, so the fp32 sums round exactly as the
 //    unscaled ones would; the epilogue multiplies the power of two back out together with alpha.
-//    By default a power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since
-//    448 * 2^7 < 65504; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most decoded values
-//    are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most values are
-//    subnormal (that alternative is gone; the folds stay kernel parameters, set by backend.cu).
+//    A power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since 448 * 2^7 <
+//    65504, a constant of BDecode; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most
+//    decoded values are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most
+//    values are subnormal.
+//  - Weight-only (E = kBf16 for bf16 activations, kHalf for fp16): A is the caller's values, unscaled; B
+//    decodes to e2m1 * e4m3 * 2^-7 in A's type (BDecode, fp4_decode.cuh; exact in both), the products are
+//    exact in fp32 and the epilogue multiplies 2^7 back together with alpha.
 //  - K order inside each 64-wide K block is permuted (the same way for A and B; a sum does not care):
 //    each thread owns a whole 16-element scale group of its B row, so it loads 8 bytes and one scale
 //    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below, and
@@ -80,8 +85,7 @@ struct GemmParams {
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
   int64_t total;          // tiles * ktiles
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
-  uint32_t b_fold;        // fp16x2 power of two folded into B's scales (see numerics above)
-  float out_mult;         // 2^28 / (A's and B's folds): what the epilogue multiplies back
+  float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
   OutDtype out_dtype;
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
 };
@@ -122,12 +126,16 @@ __host__ __device__ __forceinline__ int64_t cta_of_unit(int64_t u, int64_t total
 }
 
 // ---------------------------------------------------------------------------------------------------
-template <int TOKENS>
+template <int TOKENS, Elem E>
 struct Wgmma;
 #define NVFP4_SM90_WGMMA(N)                                                                        \
   template <>                                                                                      \
-  struct Wgmma<N> {                                                                                \
+  struct Wgmma<N, Elem::kHalf> {                                                                   \
     using Op = cute::SM90::GMMA::MMA_64x##N##x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>; \
+  };                                                                                               \
+  template <>                                                                                      \
+  struct Wgmma<N, Elem::kBf16> {                                                                   \
+    using Op = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>; \
   };
 NVFP4_SM90_WGMMA(8)
 NVFP4_SM90_WGMMA(16)
@@ -137,10 +145,10 @@ NVFP4_SM90_WGMMA(128)
 NVFP4_SM90_WGMMA(256)
 #undef NVFP4_SM90_WGMMA
 
-template <int TOKENS, size_t... I>
+template <int TOKENS, Elem E, size_t... I>
 __device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float (&d)[TOKENS / 2],
                                            std::index_sequence<I...>) {
-  Wgmma<TOKENS>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]..., cute::SM90::GMMA::ScaleOut::One);
+  Wgmma<TOKENS, E>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]..., cute::SM90::GMMA::ScaleOut::One);
 }
 
 // K-major SWIZZLE_128B descriptor of a [TOKENS][64] fp16 tile at a 1024-aligned address: 8-row groups
@@ -187,7 +195,8 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
 // warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
 // CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
 // decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
+// E: the 16-bit type of the MMA (A's type in the weight-only form; fp16 for W4A4).
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
 __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
@@ -296,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
   const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
-  const __half2 b_fold = *reinterpret_cast<const __half2*>(&p.b_fold);
+  using Dec = BDecode<E>;
 
   float acc[kAcc][TOKENS / 2];
   uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
@@ -310,25 +319,24 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
     const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
                         static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
-    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(sc, __NV_E4M3);
-    const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), b_fold);
-    const __half2 s0 = __low2half2(s2), s1 = __high2half2(s2);
-    fr[0] = hmul2_u32(decode_word<0>(w0.x), s0);
-    fr[1] = hmul2_u32(decode_word<1>(w0.x), s0);
-    fr[2] = hmul2_u32(decode_word<2>(w0.x), s0);
-    fr[3] = hmul2_u32(decode_word<3>(w0.x), s0);
-    fr[4] = hmul2_u32(decode_word<0>(w1.x), s1);
-    fr[5] = hmul2_u32(decode_word<1>(w1.x), s1);
-    fr[6] = hmul2_u32(decode_word<2>(w1.x), s1);
-    fr[7] = hmul2_u32(decode_word<3>(w1.x), s1);
-    fr[8] = hmul2_u32(decode_word<0>(w0.y), s0);
-    fr[9] = hmul2_u32(decode_word<1>(w0.y), s0);
-    fr[10] = hmul2_u32(decode_word<2>(w0.y), s0);
-    fr[11] = hmul2_u32(decode_word<3>(w0.y), s0);
-    fr[12] = hmul2_u32(decode_word<0>(w1.y), s1);
-    fr[13] = hmul2_u32(decode_word<1>(w1.y), s1);
-    fr[14] = hmul2_u32(decode_word<2>(w1.y), s1);
-    fr[15] = hmul2_u32(decode_word<3>(w1.y), s1);
+    const uint32_t s2 = Dec::scales(sc);
+    const uint32_t s0 = low_pair(s2), s1 = high_pair(s2);
+    fr[0] = Dec::mul(Dec::template word<0>(w0.x), s0);
+    fr[1] = Dec::mul(Dec::template word<1>(w0.x), s0);
+    fr[2] = Dec::mul(Dec::template word<2>(w0.x), s0);
+    fr[3] = Dec::mul(Dec::template word<3>(w0.x), s0);
+    fr[4] = Dec::mul(Dec::template word<0>(w1.x), s1);
+    fr[5] = Dec::mul(Dec::template word<1>(w1.x), s1);
+    fr[6] = Dec::mul(Dec::template word<2>(w1.x), s1);
+    fr[7] = Dec::mul(Dec::template word<3>(w1.x), s1);
+    fr[8] = Dec::mul(Dec::template word<0>(w0.y), s0);
+    fr[9] = Dec::mul(Dec::template word<1>(w0.y), s0);
+    fr[10] = Dec::mul(Dec::template word<2>(w0.y), s0);
+    fr[11] = Dec::mul(Dec::template word<3>(w0.y), s0);
+    fr[12] = Dec::mul(Dec::template word<0>(w1.y), s1);
+    fr[13] = Dec::mul(Dec::template word<1>(w1.y), s1);
+    fr[14] = Dec::mul(Dec::template word<2>(w1.y), s1);
+    fr[15] = Dec::mul(Dec::template word<3>(w1.y), s1);
   };
   auto fence_acc = [&]() {
 #pragma unroll
@@ -345,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const uint32_t a[4] = {fr[step], fr[4 + step], fr[8 + step], fr[12 + step]};
-      wgmma_call<TOKENS>(a, desc + 2 * step, acc[step % kAcc], std::make_index_sequence<TOKENS / 2>{});
+      wgmma_call<TOKENS, E>(a, desc + 2 * step, acc[step % kAcc], std::make_index_sequence<TOKENS / 2>{});
     }
     cute::warpgroup_commit_batch();
     fence_acc();
@@ -473,24 +481,28 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   }
 }
 
-// The A prepass (backend.cu): A_dec [rows][kp] fp16 in the order the B fragments use; zeroes `counters`.
+// The A prepasses (backend.cu): A_dec [rows][kp] 16-bit in the order the B fragments use, from NVFP4 A
+// (decode_a_kernel) or from fp16 / bf16 A (order_a16_kernel); both zero `counters`.
 __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict__ a, int64_t lda,
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,
                                                        int k, int sf_atoms_per_row, __half* __restrict__ out,
                                                        int kp, uint32_t* counters, int n_counters, uint32_t a_fold,
                                                        uint32_t a_post, uint64_t* trace);
+__global__ void __launch_bounds__(256) order_a16_kernel(const uint8_t* __restrict__ a, int64_t lda, int rows, int k,
+                                                        uint16_t* __restrict__ out, int kp, uint32_t* counters,
+                                                        int n_counters);
 
 struct LaunchArgs {
   GemmParams params;
   cudaStream_t stream;
 };
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
 cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   const cudaError_t err = smem_limit.run([] {
-    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>,
+    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   });
   if (err != cudaSuccess) return err;
@@ -506,7 +518,7 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM>, args.params);
+  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, args.params);
 }
 
 }  // namespace nvfp4_gemm::sm90

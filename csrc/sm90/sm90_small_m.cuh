@@ -23,7 +23,9 @@
 //
 // Numerics as in sm90_gemm.cuh: B decodes to e2m1 * e4m3 * 2^-7 (2^7 folded into the scale), A to
 // e2m1 * e4m3 exactly; both exact in fp16, products exact in fp32; the epilogue multiplies by 2^7 * alpha
-// and rounds once to the output type.
+// and rounds once to the output type. The weight-only form (A = fp16 or bf16 activations) stages A's
+// values unchanged, in the same order, and decodes B in A's type (BDecode: exact in both), with the
+// mma.sync of that type.
 //
 // Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
 // behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
@@ -38,6 +40,8 @@
 #include <cuda_runtime.h>
 
 #include <cute/arch/mma_sm80.hpp>
+
+#include <type_traits>
 
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
@@ -130,46 +134,48 @@ __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, i
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
 }
 
-// One m16n8k16 step on the tensor cores (CuTe's SM80 atom; Hopper runs it as HMMA.16816).
+// One m16n8k16 step on the tensor cores (CuTe's SM80 atoms; Hopper runs them as HMMA.16816).
+template <Elem E>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  cute::SM80_16x8x16_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0, b1, d[0], d[1], d[2], d[3]);
+  using Atom = std::conditional_t<E == Elem::kBf16, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                                  cute::SM80_16x8x16_F32F16F16F32_TN>;
+  Atom::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0, b1, d[0], d[1], d[2], d[3]);
 }
 
-// Scale word (4 e4m3 bytes) -> {s0, s0}, {s1, s1}, ... fp16x2, times the 2^7 fold.
-__device__ __forceinline__ void scales_of(uint32_t w, __half2 (&s)[4]) {
-  const __half2 fold = __half2half2(__ushort_as_half(0x5800));  // 128
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFF), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  const __half2 l = __hmul2(*reinterpret_cast<const __half2*>(&lo), fold);
-  const __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&hi), fold);
-  s[0] = __low2half2(l);
-  s[1] = __high2half2(l);
-  s[2] = __low2half2(h);
-  s[3] = __high2half2(h);
+// Scale word (4 e4m3 bytes) -> {s0, s0}, {s1, s1}, ... in E, times BDecode's fold.
+template <Elem E>
+__device__ __forceinline__ void scales_of(uint32_t w, uint32_t (&s)[4]) {
+  const uint32_t l = BDecode<E>::scales(static_cast<uint16_t>(w & 0xFFFF));
+  const uint32_t h = BDecode<E>::scales(static_cast<uint16_t>(w >> 16));
+  s[0] = low_pair(l);
+  s[1] = high_pair(l);
+  s[2] = low_pair(h);
+  s[3] = high_pair(h);
 }
 
-template <int NT>
+template <int NT, Elem E>
 __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* a_blk, int g, int tig,
                                                float (&acc)[NT][4]) {
-  __half2 sg[4], s8[4];
-  scales_of(bb.s[0], sg);
-  scales_of(bb.s[1], s8);
+  using Dec = BDecode<E>;
+  uint32_t sg[4], s8[4];
+  scales_of<E>(bb.s[0], sg);
+  scales_of<E>(bb.s[1], s8);
   const uint32_t* wg = reinterpret_cast<const uint32_t*>(&bb.r[0]);  // r[0], r[1] contiguous: 8 words
   const uint32_t* w8 = reinterpret_cast<const uint32_t*>(&bb.r[2]);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint32_t x = wg[i], y = w8[i];
-    const __half2 a = sg[i / 2], b = s8[i / 2];
-    const uint32_t g0 = hmul2_u32(decode_word<0>(x), a), g1 = hmul2_u32(decode_word<1>(x), a);
-    const uint32_t g2 = hmul2_u32(decode_word<2>(x), a), g3 = hmul2_u32(decode_word<3>(x), a);
-    const uint32_t e0 = hmul2_u32(decode_word<0>(y), b), e1 = hmul2_u32(decode_word<1>(y), b);
-    const uint32_t e2 = hmul2_u32(decode_word<2>(y), b), e3 = hmul2_u32(decode_word<3>(y), b);
+    const uint32_t a = sg[i / 2], b = s8[i / 2];
+    const uint32_t g0 = Dec::mul(Dec::template word<0>(x), a), g1 = Dec::mul(Dec::template word<1>(x), a);
+    const uint32_t g2 = Dec::mul(Dec::template word<2>(x), a), g3 = Dec::mul(Dec::template word<3>(x), a);
+    const uint32_t e0 = Dec::mul(Dec::template word<0>(y), b), e1 = Dec::mul(Dec::template word<1>(y), b);
+    const uint32_t e2 = Dec::mul(Dec::template word<2>(y), b), e3 = Dec::mul(Dec::template word<3>(y), b);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const uint4 v = *reinterpret_cast<const uint4*>(a_blk + ((j * 8 + g) * 4 + tig) * kSmallTigBytes + i * 16);
-      mma16816(acc[j], g0, e0, g1, e1, v.x, v.y);
-      mma16816(acc[j], g2, e2, g3, e3, v.z, v.w);
+      mma16816<E>(acc[j], g0, e0, g1, e1, v.x, v.y);
+      mma16816<E>(acc[j], g2, e2, g3, e3, v.z, v.w);
     }
   }
 }
@@ -179,10 +185,14 @@ __device__ __forceinline__ void store_small(const SmallMParams& p, int token, in
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
 }
 
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS>
+// A: what A holds (e2m1 with scales, or fp16 / bf16 activations); the MMA runs in A's 16-bit type.
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
 __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __grid_constant__ SmallMParams p) {
   static_assert(TOKENS % 8 == 0 && TOKENS <= 32, "n-tiles of 8 tokens, up to 4");
+  static_assert(A == AType::kE2m1 || A == AType::kFloat16 || A == AType::kBFloat16, "e2m1, fp16 or bf16 A");
   constexpr int NT = TOKENS / 8;
+  constexpr Elem E = A == AType::kBFloat16 ? Elem::kBf16 : Elem::kHalf;
+  constexpr bool kA16 = A != AType::kE2m1;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ uint32_t s_last;
 
@@ -202,22 +212,30 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
   constexpr int kBatch = 4;
   const int per_token = nkb * 8, n_chunks = TOKENS * per_token;
+  // 16-bit A: one item per 16 bytes (8 values) of a chunk, 4 per chunk; e2m1 A: one item per chunk.
+  constexpr int kItemsPerChunk = kA16 ? 4 : 1;
+  const int n_items = n_chunks * kItemsPerChunk;
   uint4 aw[kBatch];
   uint32_t asp[kBatch];
   auto load_a = [&](int base) {
 #pragma unroll
     for (int x = 0; x < kBatch; ++x) {
       const int idx = base + x * kSmallThreads;
-      const int t = idx / per_token, rem = idx - t * per_token;
+      const int chunk = idx / kItemsPerChunk, v = idx % kItemsPerChunk;
+      const int t = chunk / per_token, rem = chunk - t * per_token;
       const int blk = rem >> 3, c = rem & 7;
       const int kg = (kb0 + blk) * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128;
       aw[x] = make_uint4(0, 0, 0, 0);
       asp[x] = 0;
-      if (idx < n_chunks && t < p.m && kg < p.k) {
-        aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
-        const int r = p.sfa_row0 + t;  // SPEC.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
-        asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kb0 + blk, (c & 3) + 4 * (c >> 2),
-                               (r % 32) * 16 + ((r % 128) / 32) * 4);
+      if (idx < n_items && t < p.m && kg < p.k) {
+        if constexpr (kA16) {
+          aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + (kg + 8 * v) * 2));
+        } else {
+          aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
+          const int r = p.sfa_row0 + t;  // SPEC.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
+          asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kb0 + blk,
+                                 (c & 3) + 4 * (c >> 2), (r % 32) * 16 + ((r % 128) / 32) * 4);
+        }
       }
     }
   };
@@ -226,22 +244,28 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
 #pragma unroll
     for (int x = 0; x < kBatch; ++x) {
       const int idx = base + x * kSmallThreads;
-      if (idx >= n_chunks) break;
-      const int t = idx / per_token, rem = idx - t * per_token;
+      if (idx >= n_items) break;
+      const int chunk = idx / kItemsPerChunk, v = idx % kItemsPerChunk;
+      const int t = chunk / per_token, rem = chunk - t * per_token;
       const int blk = rem >> 3, c = rem & 7;
-      const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(asp[x]), __NV_E4M3);
-      const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
-      const __half2 s_lo = __low2half2(s2), s_hi = __high2half2(s2);
-      const uint32_t words[4] = {aw[x].x, aw[x].y, aw[x].z, aw[x].w};
       uint8_t* dst = smem + ((blk * TOKENS + t) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64;
+      if constexpr (kA16) {
+        // Values 8v..8v+7 of the chunk, ordered as decode_word orders word v of an e2m1 chunk.
+        *reinterpret_cast<uint4*>(dst + v * 16) = pair_like_decode(aw[x]);
+      } else {
+        const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(asp[x]), __NV_E4M3);
+        const __half2 s2 = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+        const __half2 s_lo = __low2half2(s2), s_hi = __high2half2(s2);
+        const uint32_t words[4] = {aw[x].x, aw[x].y, aw[x].z, aw[x].w};
 #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const __half2 sc = v < 2 ? s_lo : s_hi;  // words 0, 1: group 2 c; words 2, 3: group 2 c + 1
-        *reinterpret_cast<uint4*>(dst + v * 16) =
-            make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(words[v]), sc), fold),
-                       hmul2_u32(hmul2_u32(decode_word<1>(words[v]), sc), fold),
-                       hmul2_u32(hmul2_u32(decode_word<2>(words[v]), sc), fold),
-                       hmul2_u32(hmul2_u32(decode_word<3>(words[v]), sc), fold));
+        for (int w = 0; w < 4; ++w) {
+          const __half2 sc = w < 2 ? s_lo : s_hi;  // words 0, 1: group 2 c; words 2, 3: group 2 c + 1
+          *reinterpret_cast<uint4*>(dst + w * 16) =
+              make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(words[w]), sc), fold),
+                         hmul2_u32(hmul2_u32(decode_word<1>(words[w]), sc), fold),
+                         hmul2_u32(hmul2_u32(decode_word<2>(words[w]), sc), fold),
+                         hmul2_u32(hmul2_u32(decode_word<3>(words[w]), sc), fold));
+        }
       }
     }
   };
@@ -254,7 +278,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
 
   store_a(tid);
-  for (int base = tid + kBatch * kSmallThreads; base < n_chunks; base += kBatch * kSmallThreads) {
+  for (int base = tid + kBatch * kSmallThreads; base < n_items; base += kBatch * kSmallThreads) {
     load_a(base);
     store_a(base);
   }
@@ -268,7 +292,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     for (int d = 0; d < DEPTH; ++d) {
       const int blk = base + d;
       if (blk < nkb) {
-        compute_bblock<NT>(buf[d], smem + blk * TOKENS * 4 * kSmallTigBytes, g, tig, acc);
+        compute_bblock<NT, E>(buf[d], smem + blk * TOKENS * 4 * kSmallTigBytes, g, tig, acc);
         if (blk + DEPTH < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + blk + DEPTH, tig);
       }
     }
@@ -335,9 +359,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   }
 }
 
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS>
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
-  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS>;
+  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, A>;
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });

@@ -71,7 +71,10 @@ void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
   if (!enabled) return;
   static std::mutex mutex;
   static std::set<std::string> seen;
-  const std::string key = choice_name(c) + (weight_only ? " w4a16" : "") + " m=" + std::to_string(p.m) +
+  static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
+  const std::string key = choice_name(c) +
+                          (weight_only ? std::string(" w4a16 a=") + kATypeNames[static_cast<int>(p.a_type)] : "") +
+                          " m=" + std::to_string(p.m) +
                           " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
                           " out=" + std::to_string(static_cast<int>(p.out_dtype));
   std::lock_guard<std::mutex> lock(mutex);
@@ -313,9 +316,14 @@ void mm_into(const MmShape& s, const at::Tensor& a, const at::Tensor& b, const s
                   s.m > 1 ? a.stride(0) * static_cast<int64_t>(a.element_size()) : s.k / 2,
                   s.n > 1 ? b.stride(0) : s.k / 2,
                   s.m > 1 ? c.stride(0) : s.n,
-                  to_out_dtype(s.out_dtype)};
-  // The arch modules take W4A4 problems only: the weight-only form runs on the generic path.
-  Choice choice = s.weight_only ? Choice{} : choose(p, dev);
+                  to_out_dtype(s.out_dtype),
+                  !s.weight_only                         ? AType::kE2m1
+                  : a.scalar_type() == at::kHalf         ? AType::kFloat16
+                  : a.scalar_type() == at::kBFloat16     ? AType::kBFloat16
+                                                         : AType::kFloat32};
+  // Each arch module's can_run says which A types it takes (sm90: e2m1, fp16, bf16; sm100: e2m1); a
+  // problem no module takes runs on the generic path, which takes every form.
+  Choice choice = choose(p, dev);
   if (!verified(choice, p.out_dtype, s.out_dtype, device_index, dev, a.device())) choice = Choice{};
   maybe_print(choice, p, s.weight_only);
   if (choice.api == nullptr) {

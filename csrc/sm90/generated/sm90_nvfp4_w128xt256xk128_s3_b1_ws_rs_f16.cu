@@ -2,5 +2,5 @@
 #include "sm90/sm90_gemm.cuh"
 
 namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_gemm<128, 128, 5, 1>(const LaunchArgs&);
+template cudaError_t launch_gemm<256, 128, 3, 1, Elem::kHalf>(const LaunchArgs&);
 }  // namespace nvfp4_gemm::sm90

@@ -1,0 +1,176 @@
+"""The weight-only form (fp16 / bf16 activations x NVFP4 weights) on the sm90 kernels: a random sweep over
+every dispatch row, every config forced, exactness of the B decode in both 16-bit types, determinism, a
+side stream and CUDA-graph replay. References are float64 on the GPU with SPEC.md's bound
+(nvfp4_gemm.testing.Reference; sfa None is the weight-only form); failure messages carry the seed."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nvfp4_gemm
+from nvfp4_gemm.testing import Reference, run_after_slow_producer
+from conftest import backend_skip_reason
+
+_reason = backend_skip_reason("sm90")
+pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+SWEEP_CASES = int(os.environ.get("NVFP4_GEMM_SM90_WO_SWEEP", "200"))
+
+
+@pytest.fixture(autouse=True)
+def _force_sm90(monkeypatch):
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm90")
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+
+
+def _inputs(m, n, k, a_dtype, out_dtype=None, alpha=None, scales="typical", seed=0):
+    """Random packed B (all 16 codes) with e4m3 scales over `scales`' binades, and activations spread over
+    eight binades with some zeros, generated on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    lo, hi = {"typical": (1, 11), "wide": (1, 13), "tiny": (0, 3)}[scales]
+    exp = torch.randint(lo, hi, (n, k // 16), device="cuda", generator=g)
+    man = torch.randint(0, 8, (n, k // 16), device="cuda", generator=g)
+    sfb = nvfp4_gemm.to_blocked(((exp << 3) | man).to(torch.uint8).view(torch.float8_e4m3fn))
+    a = torch.randn(m, k, device="cuda", generator=g) * torch.exp2(
+        torch.randint(-4, 4, (m, k), device="cuda", generator=g).float())
+    a[torch.rand(m, k, device="cuda", generator=g) < 0.05] = 0.0
+    al = None if alpha is None else torch.tensor([alpha], dtype=F32, device="cuda")
+    return dict(a=a.to(a_dtype), b=b, sfa=None, sfb=sfb, alpha=al, out_dtype=out_dtype)
+
+
+def _configs():
+    return nvfp4_gemm.configs().get("sm90", [])
+
+
+def test_random_sweep():
+    """Random M 1..2047 (every dispatch row: small-M, each wgmma token tile, split and unsplit grids), N up
+    to 8192, K up to 16384 (K % 64 == 32 included), fp16 and bf16 A, every output dtype, alpha."""
+    rng = random.Random(2611)
+    fails = []
+    for i in range(SWEEP_CASES):
+        m = min(2047, max(1, int(math.exp(rng.uniform(0, math.log(2047))))))
+        n = min(8192, max(8, 8 * int(math.exp(rng.uniform(0, math.log(1024))))))
+        k = min(16384, max(32, 32 * int(math.exp(rng.uniform(0, math.log(512))))))
+        if m * n * k > 2048 * 4096 * 4096:  # keeps the float64 reference quick
+            k = max(32, (2048 * 4096 * 4096 // (m * n)) // 32 * 32)
+        a_dtype = rng.choice([F16, BF16])
+        out = rng.choice([None, F16, BF16, F32])
+        alpha = rng.choice([None, 0.5, -2.0])
+        # fp16 results overflow for wide scales at large K; keep them to fp32 / bf16 outputs there.
+        scales = rng.choice(["typical", "tiny", "wide"]) if out in (F32, BF16) or (out is None and a_dtype == BF16) \
+            else rng.choice(["typical", "tiny"])
+        inputs = _inputs(m, n, k, a_dtype, out, alpha, scales, seed=i)
+        try:
+            got = nvfp4_gemm.mm(**inputs)
+            assert got.dtype == (out or a_dtype)
+            Reference(inputs).check(got)
+        except AssertionError as e:
+            fails.append(f"({m},{n},{k}) a={a_dtype} out={out} alpha={alpha} {scales} seed={i}: {e}")
+    assert not fails, f"{len(fails)} of {SWEEP_CASES} failed:\n" + "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("a_dtype", [F16, BF16], ids=["f16", "bf16"])
+def test_every_config_forced(monkeypatch, a_dtype):
+    """Each config, forced, on shapes off every tile size (M, N, K; K/16 % 4 != 0), split counts 1 and 3."""
+    for i, name in enumerate(_configs()):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        for j, (m, n, k) in enumerate(((1, 8, 32), (7, 136, 96), (45, 264, 544), (300, 200, 1056))):
+            for splits in (1, 3):
+                old = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
+                try:
+                    seed = 100 * i + 10 * j + splits
+                    inputs = _inputs(m, n, k, a_dtype, F32, -0.75, seed=seed)
+                    Reference(inputs).check(nvfp4_gemm.mm(**inputs), f"{name} ({m},{n},{k}) splits {splits} seed {seed}")
+                finally:
+                    torch.ops.nvfp4_gemm._sm90_force_splits(old)
+
+
+@pytest.mark.parametrize("a_dtype", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("scales", ["typical", "tiny", "wide"])
+def test_decode_is_exact(monkeypatch, a_dtype, scales):
+    """A = rows of the identity picks single columns of B: C must equal the decoded weights exactly (each
+    output is one exact product), on every config. Catches a flushed subnormal (code 0.5, e4m3 subnormal
+    scales), a misplaced nibble, scale or K position, in fp16 and in bf16."""
+    n, k = 264, 544
+    for i, name in enumerate([None] + _configs()):
+        if name:
+            monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        m = 8 if name is None or "_smallm_" in name else 136
+        inputs = _inputs(m, n, k, a_dtype, F32, None, scales, seed=7 + i)
+        cols = torch.randperm(k, generator=torch.Generator().manual_seed(i))[:m].cuda()
+        a = torch.zeros(m, k, dtype=a_dtype, device="cuda")
+        a[torch.arange(m, device="cuda"), cols] = 1.0
+        inputs["a"] = a
+        want = nvfp4_gemm.dequantize(inputs["b"], inputs["sfb"], k, F32)[:, cols].t()
+        got = nvfp4_gemm.mm(**inputs)
+        assert torch.equal(got, want), (name, scales, (got - want).abs().max().item())
+
+
+@pytest.mark.parametrize("shape", [(1, 7168, 16384), (16, 4096, 7168), (128, 7168, 2048), (300, 4096, 1024)])
+@pytest.mark.parametrize("a_dtype", [F16, BF16], ids=["f16", "bf16"])
+def test_bitwise_deterministic(shape, a_dtype):
+    inputs = _inputs(*shape, a_dtype, seed=5)
+    first = nvfp4_gemm.mm(**inputs)
+    for _ in range(9):
+        assert torch.equal(nvfp4_gemm.mm(**inputs).view(torch.int16), first.view(torch.int16))
+
+
+def test_every_config_on_a_side_stream(monkeypatch):
+    """Inputs still being produced on a side stream, only that stream synchronized before the check: the
+    A prepass, the GEMM and the split fix-up must all run on the caller's stream."""
+    for i, name in enumerate(_configs()):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        m = 8 if "_smallm_" in name else 300
+        inputs = _inputs(m, 1024, 2080, BF16 if i % 2 else F16, F32, 1.5, seed=31 + i)
+        out, _ = run_after_slow_producer(nvfp4_gemm.mm, inputs)
+        Reference(inputs).check(out, f"{name} on a side stream, seed {31 + i}")
+
+
+@pytest.mark.parametrize("shape", [(128, 1024, 2048), (8, 1024, 8192)])
+def test_cuda_graph_replay(shape):
+    inputs = _inputs(*shape, BF16, alpha=1.5, seed=9)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        nvfp4_gemm.mm(**inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = nvfp4_gemm.mm(**inputs)
+    inputs["alpha"].fill_(-3.0)
+    inputs["a"].mul_(0.5)  # read at replay time
+    graph.replay()
+    torch.cuda.synchronize()
+    Reference(inputs).check(captured, f"graph replay of {shape}")
+
+
+def test_dispatch_takes_16_bit_activations():
+    """Automatic dispatch: fp16 / bf16 activations run on sm90 (small-M at M <= 32, wgmma above), fp32
+    activations on the generic path (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process)."""
+    code = ("import torch, nvfp4_gemm\n"
+            "b = torch.randint(0, 256, (1024, 1024), dtype=torch.uint8, device='cuda')\n"
+            "sfb = nvfp4_gemm.to_blocked(torch.full((1024, 128), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "for dt in (torch.float16, torch.bfloat16, torch.float32):\n"
+            "    for m in (4, 100):\n"
+            "        nvfp4_gemm.mm(torch.randn(m, 2048, device='cuda').to(dt), b, None, sfb)\n"
+            "torch.cuda.synchronize()\n")
+    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1")
+    env.pop("NVFP4_GEMM_BACKEND", None)
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]") and "w4a16" in ln]
+    assert len(lines) == 6, lines
+    sm90 = [ln for ln in lines if ln.startswith("[nvfp4_gemm] sm90:")]
+    generic = [ln for ln in lines if ln.startswith("[nvfp4_gemm] generic")]
+    assert len(sm90) == 4 and len(generic) == 2, lines
+    assert any("_smallm_" in ln and " m=4 " in ln for ln in sm90), sm90
+    assert any("_smallm_" not in ln and " m=100 " in ln for ln in sm90), sm90
