@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -174,3 +175,62 @@ def test_dispatch_takes_16_bit_activations():
     assert len(sm90) == 4 and len(generic) == 2, lines
     assert any("_smallm_" in ln and " m=4 " in ln for ln in sm90), sm90
     assert any("_smallm_" not in ln and " m=100 " in ln for ln in sm90), sm90
+
+
+@pytest.mark.parametrize("x_dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_linear_quantizes_in_the_gemm(x_dtype, mode):
+    """nvfp4_gemm.linear in W4A4 modes hands x to the sm90 kernels, which quantize it while staging A (small-M
+    kernel, M <= 32) or in their prepass (wgmma configs): the result must be bit for bit quantize() + mm()
+    with the same scales, over both kernels, K % 64 == 32, every split count, NaN / inf / zero rows in x."""
+    from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+
+    rng = random.Random(zlib.crc32(f"{x_dtype}-{mode}".encode()))
+    for i, (m, n, k) in enumerate(((1, 264, 544), (7, 136, 4096), (17, 1024, 2080), (32, 128, 96), (33, 200, 1056),
+                                   (100, 392, 544), (300, 136, 4128))):
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = (torch.randn(m, k, device="cuda", generator=g) * 4).to(x_dtype)
+        if i % 3 == 1:
+            x[0, 5] = float("nan")
+            x[-1, 40] = float("inf")
+        if m > 2:
+            x[1].zero_()
+        w = torch.randn(n, k, device="cuda", generator=g)
+        ws2 = (w.abs().amax() / 2688.0).reshape(1)
+        wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+        input_scale = (finite_amax(x) / 2688.0 * 0.8).reshape(1)
+        for splits in (0, rng.choice([1, 2, 3])):
+            old = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
+            try:
+                y = nvfp4_gemm.linear(x, wq, wsf, ws2, input_scale if mode == "static" else None)
+                if mode == "static":
+                    decode = input_scale
+                    encode = torch.reciprocal(decode)
+                else:
+                    encode = global_encode_scale(finite_amax(x))
+                    decode = torch.reciprocal(encode)
+                packed, sf = nvfp4_gemm.quantize(x, encode)
+                ref = nvfp4_gemm.mm(packed, wq, sf, wsf, decode * ws2, x_dtype)
+                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (m, n, k, splits)
+            finally:
+                torch.ops.nvfp4_gemm._sm90_force_splits(old)
+
+
+def test_linear_runs_one_fused_gemm():
+    """The fused call is what runs (NVFP4_GEMM_PRINT_CONFIGS names it), at small and large M."""
+    code = ("import torch, nvfp4_gemm\n"
+            "w = torch.randn(256, 1024, device='cuda')\n"
+            "ws2 = (w.abs().amax() / 2688.0).reshape(1)\n"
+            "wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)\n"
+            "for m in (4, 100):\n"
+            "    x = torch.randn(m, 1024, device='cuda', dtype=torch.bfloat16)\n"
+            "    nvfp4_gemm.linear(x, wq, wsf, ws2, torch.full((1,), 0.01, device='cuda'))\n"
+            "    nvfp4_gemm.linear(x, wq, wsf, ws2)\n"
+            "torch.cuda.synchronize()\n")
+    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1")
+    env.pop("NVFP4_GEMM_BACKEND", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
+    fused = [ln for ln in lines if "quantizing a=bf16" in ln and ln.startswith("[nvfp4_gemm] sm90:")]
+    assert any(" m=4 " in ln for ln in fused) and any(" m=100 " in ln for ln in fused), lines

@@ -31,6 +31,19 @@ def check_weight_only(m, n, k, tag, a_dtype):
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-3), (m, n, k, tag, a_dtype)
 
 
+def check_fused_linear(m, n, k, tag, x_dtype):
+    """nvfp4_gemm.linear, static W4A4: the kernels quantize x themselves (Problem::a_scale)."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, device="cuda", generator=g).to(x_dtype)
+    w = torch.randn(n, k, device="cuda", generator=g)
+    ws2 = (w.abs().amax() / 2688.0).reshape(1)
+    wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+    scale = torch.full((1,), 0.002, device="cuda")
+    y = nvfp4_gemm.linear(x, wq, wsf, ws2, scale)
+    packed, sf = nvfp4_gemm.quantize(x, torch.reciprocal(scale))
+    assert torch.equal(y, nvfp4_gemm.mm(packed, wq, sf, wsf, scale * ws2, x_dtype)), (m, n, k, tag, x_dtype)
+
+
 shapes = [(1, 136, 96), (9, 264, 544), (20, 136, 288), (33, 128, 1056), (100, 200, 2080), (130, 392, 160), (300, 136, 544)]
 for m, n, k in shapes:
     for splits in (1, 3):
@@ -39,6 +52,7 @@ for m, n, k in shapes:
         check(m, n, k, splits, torch.float16)  # the epilogue stages fp16 and fp32 tiles differently
         for dt in (torch.float16, torch.bfloat16):
             check_weight_only(m, n, k, splits, dt)
+        check_fused_linear(m, n, k, splits, (torch.float16, torch.bfloat16, torch.float32)[m % 3])
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
 # 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
 torch.ops.nvfp4_gemm._sm90_force_splits(3)
@@ -51,4 +65,4 @@ for cfg in forced:
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 8 + 6 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])

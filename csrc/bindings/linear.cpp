@@ -2,7 +2,8 @@
 //
 // One implementation for every device, registered for CPU and CUDA: it forms the per-tensor scales with
 // tensor ops on x's device (no host sync, CUDA-graph safe), then calls nvfp4_gemm::quantize and
-// nvfp4_gemm::mm through the dispatcher, so each device runs its own kernels. The scale arithmetic is
+// nvfp4_gemm::mm through the dispatcher, so each device runs its own kernels. On CUDA, where an arch kernel
+// quantizes x on the fly (mm_quantized_a_cuda; sm90), one GEMM call replaces quantize + mm, with the same bits. The scale arithmetic is
 // written operation for operation as nvfp4_gemm.quantize.global_encode_scale and the Python layer did it,
 // so W4A4 results are bit for bit those of quantize() followed by mm() with the same scales.
 #include <ATen/ATen.h>
@@ -11,6 +12,10 @@
 
 #include <cfloat>
 #include <optional>
+
+#ifdef NVFP4_GEMM_WITH_CUDA
+#include "bindings/cuda/mm_cuda.h"
+#endif
 
 namespace nvfp4_gemm {
 namespace {
@@ -102,15 +107,32 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     y = call_mm(x2, weight, std::nullopt, weight_scale, weight_scale_2, mm_dtype);
   } else {
     at::Tensor encode, decode;
+    std::optional<at::Tensor> fused;
     if (input_scale.has_value()) {
       decode = input_scale->reshape({1});
-      encode = at::reciprocal(decode);
+#ifdef NVFP4_GEMM_WITH_CUDA
+      // One GEMM call that quantizes x itself (encode = 1 / decode and alpha = decode * weight_scale_2
+      // formed in the kernel), where an arch kernel takes it; bit for bit the calls below.
+      if (x2.is_cuda())
+        fused = mm_quantized_a_cuda(x2, weight, weight_scale, decode, /*a_scale_is_decode=*/true, decode,
+                                    weight_scale_2, mm_dtype);
+#endif
+      if (!fused) encode = at::reciprocal(decode);
     } else {
       encode = global_encode_scale(finite_amax(x2));
       decode = at::reciprocal(encode);
+#ifdef NVFP4_GEMM_WITH_CUDA
+      if (x2.is_cuda())
+        fused = mm_quantized_a_cuda(x2, weight, weight_scale, encode, /*a_scale_is_decode=*/false, decode,
+                                    weight_scale_2, mm_dtype);
+#endif
     }
-    auto [packed, sf] = call_quantize(x2, encode);
-    y = call_mm(packed, weight, sf, weight_scale, decode * weight_scale_2.reshape({1}), mm_dtype);
+    if (fused) {
+      y = *fused;
+    } else {
+      auto [packed, sf] = call_quantize(x2, encode);
+      y = call_mm(packed, weight, sf, weight_scale, decode * weight_scale_2.reshape({1}), mm_dtype);
+    }
   }
   if (bias.has_value()) y = y.add_(bias->to(at::kFloat)).to(xdt);
   return y.view(out_shape);

@@ -53,7 +53,17 @@ struct Problem {
   int64_t ldc;         // elements
   OutDtype out_dtype;
   AType a_type = AType::kE2m1;
+  // Quantize on the fly (a_type a float type and a_scale set): A holds float activations that the backend
+  // quantizes to NVFP4 exactly as nvfp4_gemm::quantize does (csrc/quant/recipe.h) with the encode scale
+  // *a_scale (1 / *a_scale, IEEE division, when a_scale_is_decode), then multiplies NVFP4 x NVFP4: the same
+  // numbers as quantize followed by mm, without the packed copy of A. Backends that cannot refuse in can_run.
+  const float* a_scale = nullptr;
+  bool a_scale_is_decode = false;
+  // A second factor of alpha, nullptr for none: the GEMM scales by fl(*alpha * *alpha2) (alpha must be set).
+  const float* alpha2 = nullptr;
 };
+
+inline bool quantizes_a(const Problem& p) { return p.a_scale != nullptr && p.a_type != AType::kE2m1; }
 
 struct DeviceInfo {
   int32_t sm;              // major * 10 + minor, e.g. 90, 100, 103

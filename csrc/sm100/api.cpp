@@ -51,6 +51,10 @@ bool api_can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* 
                   "%s is built for sm_100f (SM 100 / 103); this device is SM %d", kNames[config], dev->sm);
     return false;
   }
+  if (p->alpha2 != nullptr) {
+    std::snprintf(why, why_len, "%s takes one alpha pointer (no alpha2)", kNames[config]);
+    return false;
+  }
   if (p->a_type != AType::kE2m1) {
     std::snprintf(why, why_len, "%s multiplies NVFP4 x NVFP4 (W4A4); the weight-only form (16/32-bit a) runs on "
                   "the generic path", kNames[config]);

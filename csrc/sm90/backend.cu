@@ -19,6 +19,7 @@
 #include "sm90/backend.h"
 #include "sm90/configs.h"
 #include "sm90/sm90_gemm.cuh"
+#include "sm90/quant_a.cuh"
 #include "sm90/sm90_small_m.cuh"
 
 namespace nvfp4_gemm::sm90 {
@@ -57,7 +58,10 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
                   static_cast<int>(AType::kBFloat16) == 2,
               "kSmallMLaunch's columns are AType values");
 
-bool is_a16(const Problem& p) { return p.a_type == AType::kFloat16 || p.a_type == AType::kBFloat16; }
+// 16-bit activations multiplied as they are (the weight-only form); float A quantized on the fly is NVFP4.
+bool is_a16(const Problem& p) {
+  return !quantizes_a(p) && (p.a_type == AType::kFloat16 || p.a_type == AType::kBFloat16);
+}
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
 #define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B),
@@ -326,6 +330,10 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.sfa = p->sfa;
   sp.sfb = p->sfb;
   sp.alpha = p->alpha;
+  sp.alpha2 = p->alpha2;
+  sp.a_scale = quantizes_a(*p) ? p->a_scale : nullptr;
+  sp.a_scale_is_decode = p->a_scale_is_decode;
+  sp.x_type = p->a_type;
   sp.partial = pl.partial_bytes ? reinterpret_cast<float4*>(ws) : nullptr;
   sp.counters = pl.partial_bytes ? reinterpret_cast<uint32_t*>(ws + pl.partial_bytes) : nullptr;
   sp.lda = p->lda;
@@ -358,7 +366,9 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
         return false;
       }
     }
-    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][static_cast<int>(p->a_type)](l));
+    // Quantize-on-the-fly runs in the e2m1 instantiation (its A is NVFP4 once staged).
+    const int a_col = quantizes_a(*p) ? 0 : static_cast<int>(p->a_type);
+    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][a_col](l));
         e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
@@ -382,8 +392,12 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                     static_cast<int>(dev->sm));
     return false;
   }
-  if (p->a_type != AType::kE2m1 && !is_a16(*p)) {
+  if (p->a_type != AType::kE2m1 && !is_a16(*p) && !quantizes_a(*p)) {
     set_msg(why, why_len, "sm90 takes NVFP4, float16 or bfloat16 a; float32 a runs on the generic path");
+    return false;
+  }
+  if (p->alpha2 != nullptr && p->alpha == nullptr) {
+    set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
@@ -503,6 +517,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
                      kEvictLast = 0x14F0000000000000ull;
   gp.hint_a = kEvictLast;
   gp.alpha = p->alpha;
+  gp.alpha2 = p->alpha2;
   gp.partial = pl.partial_bytes ? reinterpret_cast<float4*>(ws + pl.a_bytes) : nullptr;
   gp.counters = pl.counter_bytes ? reinterpret_cast<uint32_t*>(ws + pl.a_bytes + pl.partial_bytes) : nullptr;
   gp.ldc = p->ldc;
@@ -518,7 +533,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   constexpr uint32_t kHalf2Two7 = 0x58005800u;  // fp16x2 {128, 128}
   const uint32_t a_fold = kHalf2Two7, a_post = kHalf2Two7;
   gp.out_mult = 128.0f;
-  const bool a16 = is_a16(*p), bf16 = p->a_type == AType::kBFloat16;
+  const bool a16 = is_a16(*p), bf16 = a16 && p->a_type == AType::kBFloat16;  // quantized A is fp16 once decoded
   args.stream = stream;
 
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
@@ -534,7 +549,12 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     gp.trace = trace_buffer_for_launch(gp.grid, stream);
 #endif
     const unsigned blocks = static_cast<unsigned>(ceil_div(threads, 256));
-    if (a16) {
+    if (quantizes_a(*p)) {
+      const int64_t qthreads = std::max<int64_t>(rows * (pl.kp / 64) * 4, n_counters);
+      quant_a_kernel<<<static_cast<unsigned>(ceil_div(qthreads, 256)), 256, 0, stream>>>(
+          p->a + r0 * p->lda, p->lda, p->a_type, static_cast<int>(rows), static_cast<int>(p->k), p->a_scale,
+          p->a_scale_is_decode, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post);
+    } else if (a16) {
       order_a16_kernel<<<blocks, 256, 0, stream>>>(p->a + r0 * p->lda, p->lda, static_cast<int>(rows),
                                                    static_cast<int>(p->k), reinterpret_cast<uint16_t*>(a_dec),
                                                    static_cast<int>(pl.kp), gp.counters, n_counters);
@@ -652,6 +672,46 @@ __global__ void __launch_bounds__(256) order_a16_kernel(const uint8_t* __restric
     pick[q] = __byte_perm(lo, hi, (s & 1) ? 0x7632 : 0x5410);
   }
   reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64)[v] = make_uint4(pick[0], pick[1], pick[2], pick[3]);
+}
+
+// Float A quantized on the fly, then decoded exactly as decode_a_kernel decodes packed A (the same words,
+// scale bytes and half-precision products), so the GEMM that follows sees bit for bit the A_dec of
+// quantize + mm. One thread per (row, 64-K block, scale group q): it quantizes its 16 values (recipe.h)
+// and makes the 8 fp16 pairs of its group; the four threads of a block meet in shared memory, so that the
+// stores are whole 16-byte vectors (vector v = 2s + h holds group q's pair {8h + s, 8h + s + 4} at q).
+__global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows,
+                                                      int k, const float* __restrict__ a_scale, bool is_decode,
+                                                      __half* __restrict__ out, int kp, uint32_t* counters,
+                                                      int n_counters, uint32_t a_fold, uint32_t a_post) {
+  cudaTriggerProgrammaticLaunchCompletion();
+  __shared__ __align__(16) uint32_t stage[64 * 8 * 4];  // [block of this CTA][vector][q]
+  const int kblocks = kp / 64;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx < n_counters) counters[idx] = 0;
+  const bool live = idx < static_cast<int64_t>(rows) * kblocks * 4;
+  const int q = static_cast<int>(idx & 3);
+  const int64_t blk = idx >> 2;
+  const int r = static_cast<int>(blk / kblocks), kb = static_cast<int>(blk % kblocks);
+  const int kg = kb * 64 + 16 * q;
+  uint8_t s8 = 0;
+  uint32_t w[2] = {0, 0};
+  if (live && kg < k) {
+    quantize_group(xt, x + static_cast<int64_t>(r) * ldx + static_cast<int64_t>(kg) * elem_bytes(xt),
+                   encode_scale_of(a_scale, is_decode), s8, w[0], w[1]);
+  }
+  const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s8 | (s8 << 8)), __NV_E4M3);
+  const __half2 fold = *reinterpret_cast<const __half2*>(&a_fold), post = *reinterpret_cast<const __half2*>(&a_post);
+  const __half2 sc = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+  const int local = threadIdx.x >> 2;  // this block's slot in the CTA
+#pragma unroll
+  for (int v = 0; v < 8; ++v)
+    stage[(local * 8 + v) * 4 + q] = hmul2_u32(hmul2_u32(decode_word_rt(w[v & 1], v >> 1), sc), post);
+  __syncwarp();
+  if (!live) return;
+  const uint4* src = reinterpret_cast<const uint4*>(stage) + local * 8;
+  uint4* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64);
+  dst[2 * q] = src[2 * q];
+  dst[2 * q + 1] = src[2 * q + 1];
 }
 
 const char* dispatch_rules() {

@@ -85,6 +85,12 @@ struct BDecode<Elem::kBf16> {
   }
 };
 
+// alpha as the caller gave it: *alpha, fl(*alpha * *alpha2) with a second factor, 1 without either.
+__device__ __forceinline__ float alpha_of(const float* alpha, const float* alpha2) {
+  if (alpha == nullptr) return 1.0f;
+  return alpha2 ? __fmul_rn(__ldg(alpha), __ldg(alpha2)) : __ldg(alpha);
+}
+
 // {lo, lo} and {hi, hi} of a pair of 16-bit values.
 __device__ __forceinline__ uint32_t low_pair(uint32_t x) { return __byte_perm(x, 0, 0x1010); }
 __device__ __forceinline__ uint32_t high_pair(uint32_t x) { return __byte_perm(x, 0, 0x3232); }

@@ -74,6 +74,7 @@ struct GemmParams {
   CUtensorMap tmap_sf;    // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
   const uint8_t* sfb;     // blocked scales of B
   const float* alpha;     // nullptr: 1
+  const float* alpha2;    // nullptr, or a second factor of alpha (Problem::alpha2)
   void* c;                // output rows of this M chunk
   float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid > tiles
   uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
@@ -164,8 +165,8 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
 }
 
 // Output scale: the power of two the decodes left in the sums (GemmParams::out_mult), times alpha.
-__device__ __forceinline__ float out_scale(const float* alpha, float out_mult) {
-  return alpha ? out_mult * __ldg(alpha) : out_mult;
+__device__ __forceinline__ float out_scale(const float* alpha, const float* alpha2, float out_mult) {
+  return alpha ? out_mult * alpha_of(alpha, alpha2) : out_mult;
 }
 
 template <typename T>
@@ -363,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
   };
 
-  const float scale = out_scale(p.alpha, p.out_mult);
+  const float scale = out_scale(p.alpha, p.alpha2, p.out_mult);
   int i = 0;  // pipeline position, continuous over this CTA's segments
   int seg = 0;
   for (int u = u_begin; u < u_end; ++seg) {
@@ -491,6 +492,11 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
 __global__ void __launch_bounds__(256) order_a16_kernel(const uint8_t* __restrict__ a, int64_t lda, int rows, int k,
                                                         uint16_t* __restrict__ out, int kp, uint32_t* counters,
                                                         int n_counters);
+// Float A quantized on the fly (Problem::a_scale), then decoded as decode_a_kernel decodes packed A.
+__global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows,
+                                                      int k, const float* __restrict__ a_scale, bool is_decode,
+                                                      __half* __restrict__ out, int kp, uint32_t* counters,
+                                                      int n_counters, uint32_t a_fold, uint32_t a_post);
 
 struct LaunchArgs {
   GemmParams params;

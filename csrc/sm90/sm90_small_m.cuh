@@ -46,6 +46,7 @@
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
+#include "sm90/quant_a.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -70,6 +71,10 @@ struct SmallMParams {
   const uint8_t* sfa;
   const uint8_t* sfb;
   const float* alpha;   // nullptr: 1
+  const float* alpha2;  // nullptr, or a second factor of alpha
+  const float* a_scale; // quantize-on-the-fly (e2m1 instantiation): float A of type x_type, encode scale
+  bool a_scale_is_decode;
+  AType x_type;
   void* c;
   float4* partial;      // [row blocks][splits][8 warps][TOKENS/8][32 lanes] float4, when splits > 1
   uint32_t* counters;   // [row blocks], zero at launch when splits > 1
@@ -269,7 +274,56 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
       }
     }
   };
-  load_a(tid);
+  // Float activations quantized here (Problem::a_scale; the e2m1 instantiation only): one item per 16-value
+  // scale group, its codes and scale byte exactly as nvfp4_gemm::quantize makes them, then decoded like
+  // packed A's words.
+  const bool quantize = A == AType::kE2m1 && p.a_scale != nullptr;
+  auto stage_quantized = [&]() {
+    const float gs = encode_scale_of(p.a_scale, p.a_scale_is_decode);
+    const int eb = elem_bytes(p.x_type);
+    const __half2 fold = __half2half2(__ushort_as_half(0x5800));
+    // Two groups' loads in flight per thread before either is quantized (one memory round trip per pair).
+    constexpr int kQBatch = 2;
+    for (int base = tid; base < n_chunks * 2; base += kQBatch * kSmallThreads) {
+      uint32_t raw[kQBatch][16];
+      int kgs[kQBatch], ts[kQBatch];
+#pragma unroll
+      for (int b = 0; b < kQBatch; ++b) {
+        const int idx = base + b * kSmallThreads;
+        const int chunk = idx >> 1, grp = idx & 1;
+        const int t = chunk / per_token, rem = chunk - t * per_token;
+        const int blk = rem >> 3, c = rem & 7;
+        ts[b] = t;
+        kgs[b] = (kb0 + blk) * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128 + 16 * grp;
+        if (idx < n_chunks * 2 && t < p.m && kgs[b] < p.k)
+          load_group(p.x_type, p.a + static_cast<int64_t>(t) * p.lda + static_cast<int64_t>(kgs[b]) * eb, raw[b]);
+      }
+#pragma unroll
+      for (int b = 0; b < kQBatch; ++b) {
+        const int idx = base + b * kSmallThreads;
+        if (idx >= n_chunks * 2) break;
+        const int chunk = idx >> 1, grp = idx & 1;
+        const int rem = chunk - ts[b] * per_token;
+        const int blk = rem >> 3, c = rem & 7;
+        uint8_t s8 = 0;
+        uint32_t w[2] = {0, 0};
+        if (ts[b] < p.m && kgs[b] < p.k) quantize_loaded(p.x_type, raw[b], gs, s8, w[0], w[1]);
+        const __half2_raw sr =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s8 | (s8 << 8)), __NV_E4M3);
+        const __half2 sc = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+        uint8_t* dst = smem + ((blk * TOKENS + ts[b]) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64 + grp * 32;
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+          *reinterpret_cast<uint4*>(dst + v * 16) = make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w[v]), sc), fold),
+                                                               hmul2_u32(hmul2_u32(decode_word<1>(w[v]), sc), fold),
+                                                               hmul2_u32(hmul2_u32(decode_word<2>(w[v]), sc), fold),
+                                                               hmul2_u32(hmul2_u32(decode_word<3>(w[v]), sc), fold));
+      }
+    }
+  };
+  // Quantizing A needs more registers than the B blocks leave free: it runs before their loads are issued.
+  if (quantize) stage_quantized();
+  else load_a(tid);
 
   // Then B: DEPTH blocks per lane are in flight while the CTA decodes A.
   BBlock buf[DEPTH];
@@ -277,10 +331,12 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   for (int d = 0; d < DEPTH; ++d)
     if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
 
-  store_a(tid);
-  for (int base = tid + kBatch * kSmallThreads; base < n_items; base += kBatch * kSmallThreads) {
-    load_a(base);
-    store_a(base);
+  if (!quantize) {
+    store_a(tid);
+    for (int base = tid + kBatch * kSmallThreads; base < n_items; base += kBatch * kSmallThreads) {
+      load_a(base);
+      store_a(base);
+    }
   }
   __syncthreads();
 
@@ -343,7 +399,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     }
   }
 
-  const float alpha = p.alpha ? __ldg(p.alpha) : 1.f;
+  const float alpha = alpha_of(p.alpha, p.alpha2);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
 #pragma unroll

@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "bindings/checks.h"
+#include "bindings/cuda/mm_cuda.h"
 #include "bindings/registry.h"
 #include "cuda/generic.h"
 
@@ -73,7 +74,9 @@ void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
   static std::set<std::string> seen;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
   const std::string key = choice_name(c) +
-                          (weight_only ? std::string(" w4a16 a=") + kATypeNames[static_cast<int>(p.a_type)] : "") +
+                          (quantizes_a(p)  ? std::string(" quantizing a=") + kATypeNames[static_cast<int>(p.a_type)]
+                           : weight_only ? std::string(" w4a16 a=") + kATypeNames[static_cast<int>(p.a_type)]
+                                         : std::string()) +
                           " m=" + std::to_string(p.m) +
                           " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
                           " out=" + std::to_string(static_cast<int>(p.out_dtype));
@@ -351,7 +354,74 @@ void mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::optional<a
   if (s.m > 0 && s.n > 0) mm_into(s, a, b, sfa, sfb, alpha, out);
 }
 
+// The arch config for a quantize-on-the-fly problem, by the rules `choose` applies to the packed problem
+// (forced backend / config first, then the first arch table that takes it), so that the fused call and
+// quantize + mm run the same config. No choice (the generic path would run): {}.
+Choice choose_fused(const Problem& p, const DeviceInfo& dev) {
+  char why[kErrLen] = {0};
+  const std::string forced_config = env_or_empty("NVFP4_GEMM_CONFIG");
+  const std::string forced = env_or_empty("NVFP4_GEMM_BACKEND");
+  const bool automatic = forced.empty() || forced == "auto";
+  for (const BackendApi* api : backends()) {
+    if (!api->supports_sm(dev.sm) || (!automatic && forced != api->name)) continue;
+    if (!forced_config.empty()) {
+      for (int32_t i = 0; i < api->num_configs; ++i)
+        if (forced_config == api->config_names[i] && api->can_run(&p, i, &dev, why, kErrLen)) return Choice{api, i};
+      continue;
+    }
+    if (automatic && api->prefers_generic != nullptr && api->prefers_generic(&p, &dev)) continue;
+    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
+    if (cfg >= 0) return Choice{api, cfg};
+    if (!automatic) break;
+  }
+  return Choice{};
+}
+
 }  // namespace
+
+std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                              const at::Tensor& a_scale, bool a_scale_is_decode,
+                                              const at::Tensor& alpha, const std::optional<at::Tensor>& alpha2,
+                                              at::ScalarType out_dtype) {
+  // x, b, sfb, alpha and out_dtype under mm's own rules (x as the activations of the weight-only form).
+  const MmShape s = check_mm_inputs(x, b, std::nullopt, sfb, alpha, out_dtype, nullptr, /*gpu_rules=*/true);
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&a_scale, "a_scale"},
+                         {alpha2.has_value() ? &*alpha2 : nullptr, "alpha2"}}) {
+    if (t == nullptr) continue;
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1 && t->device() == x.device(),
+                "nvfp4_gemm: ", name, " must be one float32 value on x's device (", x.device(), "), got ",
+                t->scalar_type(), " of shape ", t->sizes(), " on ", t->device());
+  }
+  if (s.m == 0 || s.n == 0) return std::nullopt;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int device_index = x.get_device();
+  const DeviceInfo& dev = device_info(device_index);
+  at::Tensor c = at::empty({s.m, s.n}, x.options().dtype(s.out_dtype));
+  Problem p{static_cast<const uint8_t*>(x.data_ptr()),
+            static_cast<const uint8_t*>(b.data_ptr()),
+            nullptr,
+            static_cast<const uint8_t*>(sfb.data_ptr()),
+            alpha.data_ptr<float>(),
+            c.data_ptr(),
+            s.m, s.n, s.k,
+            s.m > 1 ? x.stride(0) * static_cast<int64_t>(x.element_size()) : s.k * static_cast<int64_t>(x.element_size()),
+            s.n > 1 ? b.stride(0) : s.k / 2,
+            s.n,
+            to_out_dtype(s.out_dtype),
+            x.scalar_type() == at::kHalf       ? AType::kFloat16
+            : x.scalar_type() == at::kBFloat16 ? AType::kBFloat16
+                                               : AType::kFloat32};
+  p.a_scale = a_scale.data_ptr<float>();
+  p.a_scale_is_decode = a_scale_is_decode;
+  p.alpha2 = alpha2.has_value() ? alpha2->data_ptr<float>() : nullptr;
+  const Choice choice = choose_fused(p, dev);
+  if (choice.api == nullptr || !verified(choice, p.out_dtype, s.out_dtype, device_index, dev, x.device()))
+    return std::nullopt;
+  maybe_print(choice, p, /*weight_only=*/false);
+  run_arch(choice, s, p, x, dev);
+  return c;
+}
+
 }  // namespace nvfp4_gemm
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
