@@ -282,8 +282,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     const float gs = encode_scale_of(p.a_scale, p.a_scale_is_decode);
     const int eb = elem_bytes(p.x_type);
     const __half2 fold = __half2half2(__ushort_as_half(0x5800));
-    // Two groups' loads in flight per thread before either is quantized (one memory round trip per pair).
-    constexpr int kQBatch = 2;
+    // Several groups' loads in flight per thread before any is quantized (one memory round trip per batch);
+    // 2 where the launch bound leaves 80 registers a thread (8 tokens, 3 CTAs per SM), else 4.
+    constexpr int kQBatch = CTAS >= 3 ? 2 : 4;
     for (int base = tid; base < n_chunks * 2; base += kQBatch * kSmallThreads) {
       uint32_t raw[kQBatch][16];
       int kgs[kQBatch], ts[kQBatch];
