@@ -146,14 +146,6 @@ def free_memory(device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------------------------- ceilings
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def copy_ceiling(timer: Timer, nbytes: int) -> dict:
     """Device-to-device copy of `nbytes`; TB/s counts bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=timer.device).uniform_(-1, 1)
@@ -161,14 +153,6 @@ def copy_ceiling(timer: Timer, nbytes: int) -> dict:
     us = timer.graph_us([lambda: dst.copy_(src)])
     del src, dst
     return {"copy_bytes": nbytes, "copy_us": us, "copy_tbps": 2 * nbytes / us / 1e6}
-
-
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
 
 
 def matmul_ceiling(timer: Timer, n: int) -> dict:
@@ -247,14 +231,6 @@ def env(name: str, value: str | None):
             os.environ[name] = old
 
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def weight_only_mm_reason(device: torch.device) -> str | None:
     """None if mm takes the weight-only form mm(a_fp16, b, None, sfb, alpha=) here (contract 1), else why not.
     Probed on a tiny problem, since the form arrives on main separately."""
@@ -273,14 +249,6 @@ def weight_only_mm_reason(device: torch.device) -> str | None:
     return None
 
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def humming_reason(device: torch.device) -> str | None:
     """None if humming-kernels can run here, else why not."""
     if torch.device(device).type != "cuda":
@@ -290,14 +258,6 @@ def humming_reason(device: torch.device) -> str | None:
     except Exception as e:  # ImportError, or a CUDA library it could not find at import
         return f"humming-kernels not importable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     return None
-
-
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
 
 
 def humming_w4a16(weight: torch.Tensor, weight_scale_blocked: torch.Tensor, weight_scale_2: torch.Tensor,
@@ -338,14 +298,6 @@ def humming_w4a16(weight: torch.Tensor, weight_scale_blocked: torch.Tensor, weig
 
 # ------------------------------------------------------------------------------------------- metadata
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def run_meta(device: torch.device, timer: Timer) -> dict:
     """Device, torch version, commit, date, command line. The device machine's copy of the tree has no
     .git: pass NVFP4_GEMM_COMMIT there."""
@@ -372,14 +324,6 @@ def run_meta(device: torch.device, timer: Timer) -> dict:
     return meta
 
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def l2_bytes(device: torch.device, override: int | None) -> int:
     if override:
         return override
@@ -388,24 +332,8 @@ def l2_bytes(device: torch.device, override: int | None) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size
 
 
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
-
-
 def fmt(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
-
-
-def parse_choices(text: str, allowed, flag: str, *, empty_ok: bool) -> list[str]:
-    """A comma list of names from `allowed`, or SystemExit naming the flag and the accepted names."""
-    names = [v for v in text.split(",") if v]
-    if any(v not in allowed for v in names) or (not names and not empty_ok):
-        raise SystemExit(f"{flag}: expected a comma list of {', '.join(allowed)}, got {text!r}")
-    return names
 
 
 def md_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
