@@ -107,7 +107,7 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* g
   }
   const auto* src = static_cast<const uint8_t*>(x);
   const int64_t ld_bytes = ld_x * Elem<D>::kBytes;
-  if (blocks <= 0xFFFFFFFFll) {
+  if (grid * kThreads <= 0xFFFFFFFFll) {  // every thread's index fits in 32 bits
     mse_kernel<D, kWeighted, uint32_t><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
         src, ld_bytes, static_cast<uint32_t>(sf_cols), static_cast<uint32_t>(blocks), gs, neighbours, clip,
         column_weight, packed, scale, error);
