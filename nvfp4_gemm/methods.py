@@ -283,13 +283,15 @@ def _mse_search(w: torch.Tensor, neighbours: int, global_candidates: int, clip: 
     # gs^2) < 2^62.
     hmax = 1.0 if weight is None else max(float(weight.max()), 1e-300)
     bound = max(nblocks * 16.0 * amax_host * amax_host * 2.0 * hmax, 1e-300)
-    exp2 = torch.tensor(62 - math.frexp(bound)[1], dtype=torch.float64, device=w.device)
+    # A Python float multiplier: exact on every device (torch.ldexp goes through pow, whose CUDA version
+    # promises no exact powers of two).
+    fixed_point = math.ldexp(1.0, 62 - math.frexp(bound)[1])
     best = None
     for j in range(global_candidates):
         gs = gs0 if j == 0 else gs0 * torch.tensor(2.0 ** (-j / global_candidates), dtype=torch.float32,
                                                     device=w.device)
         packed, scale_bytes, err = search(w, gs, neighbours, clip, weight, True)
-        fixed = torch.floor(torch.ldexp(err / (gs.to(torch.float64) * gs.to(torch.float64)), exp2))
+        fixed = torch.floor(err / (gs.to(torch.float64) * gs.to(torch.float64)) * fixed_point)
         total = int(torch.where(torch.isfinite(fixed), fixed, torch.zeros_like(fixed)).to(torch.int64).sum())
         if best is None or total < best[0]:
             best = (total, packed, scale_bytes, gs)

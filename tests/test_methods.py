@@ -235,6 +235,17 @@ def test_mse_native_op_outputs():
         torch.ops.nvfp4_gemm.quantize_mse(w, gs, 127)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA op needs a CUDA device"))])
+def test_mse_opcheck(device):
+    """quantize_mse as a custom op: schema, fake (torch.compile) implementation, dispatch."""
+    w = _weight(8, 64, seed=43, dtype=torch.bfloat16).to(device)
+    gs = global_encode_scale(finite_amax(w))
+    torch.library.opcheck(torch.ops.nvfp4_gemm.quantize_mse.default, (w, gs, 2, True, None, False))
+    torch.library.opcheck(torch.ops.nvfp4_gemm.quantize_mse.default,
+                          (w.float(), gs, 1, False, _column_energy(64, seed=44).to(device), True))
+
+
 def _weighted_block_err(res, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     d = (_decode(res, w.shape[1]) - w.double()) ** 2 * h.double()
     return d.reshape(w.shape[0], -1, SF_VEC).sum(-1)

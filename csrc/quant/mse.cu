@@ -2,12 +2,15 @@
 // block's candidate scales (mse_search.h, shared with the CPU backend) in registers, then writes the
 // chosen scale byte, the block's packed codes and, when asked, the search's error.
 //
-// The search is compute-bound: per element and candidate one fp32 multiply, the e2m1 rounding (~6 fp32 /
-// integer operations) and three fp64 ones (the exact r - v as one FMA, the square, the pairwise sum), about
-// 13 issue slots; ten candidates make it ~130 per element against the ~2.5 bytes it moves. The fp64
+// The search is compute-bound: per element and candidate one fp32 multiply, the e2m1 rounding (a mask, an
+// add-and-max, two adds, a min), the shift that builds the value's double, a zeroing move and three fp64
+// operations (r - v as one FMA, the square, the pairwise sum): 12.4 issue slots in the sm_90 SASS of the
+// fp16 loop, ~150 per element with ten candidates, against the ~2.6 bytes each element moves. The fp64
 // arithmetic is what keeps the result identical to the float64 definition in methods.py; H100's fp64 pipe
-// runs at half the fp32 rate, so it is not the limit (the issue rate is). The fp32 -> fp64 conversions
-// (a quarter of the fp64 rate) are once per element and once per candidate, not per element and candidate.
+// runs at half the fp32 rate, so its 6 cycles of the 12.4 are not the limit (the issue rate is). The
+// fp32 -> fp64 conversions (a quarter of the fp64 rate) happen once per element (r) and once per table
+// entry, never per element and candidate. docs/QUANTIZE.md has the versions measured out and the
+// predicted H100 time.
 #include "quant/mse.h"
 
 #include <cuda_runtime.h>
