@@ -203,11 +203,15 @@ def quantized_copy(model, targets, weights, mode, amax):
 
 
 def quantize_all(targets, method, hessians, options) -> tuple[dict, float]:
+    """Each target's weight quantized by `method` with options[method]; gptq takes the layer's Hessian, and mse
+    too when its options say {"hessian": "diagonal"} (it then weighs each column's error by diag(H))."""
     t0 = time.perf_counter()
     out = {}
+    opts = dict(options.get(method, {}))
+    with_hessian = method == "gptq" or opts.pop("hessian", None) == "diagonal"
     for name, mod in targets:
-        opts = options.get(method, {})
-        out[name] = quantize_weight(mod.weight.detach(), method, hessian=hessians.get(name) if method == "gptq" else None, **opts)
+        hessian = hessians.get(name) if with_hessian else None
+        out[name] = quantize_weight(mod.weight.detach(), method, hessian=hessian, **opts)
     return out, time.perf_counter() - t0
 
 
@@ -249,11 +253,12 @@ def run(model, tokenizer, args) -> dict:
     result["float_ppl"] = perplexity(model, eval_ids, args.seq_len)
     result["float_eval_s"] = time.perf_counter() - t0
     print(f"float: ppl {result['float_ppl']:.3f} ({result['float_eval_s']:.0f} s)", flush=True)
-    need_calib = args.driver == "layers" and ("static" in args.modes or "gptq" in args.methods)
+    want_hessians = "gptq" in args.methods or ("mse" in args.methods and args.mse_hessian)
+    need_calib = args.driver == "layers" and ("static" in args.modes or want_hessians)
     amax, hessians = {}, {}
     if need_calib:
         t0 = time.perf_counter()
-        amax, hessians = calibrate(model, targets, calib_ids, args.seq_len, hessians="gptq" in args.methods)
+        amax, hessians = calibrate(model, targets, calib_ids, args.seq_len, hessians=want_hessians)
         result["calibration_s"] = time.perf_counter() - t0
     for method in args.methods:
         if args.driver == "quantize_model":
@@ -335,6 +340,9 @@ def main(argv=None) -> dict:
     p.add_argument("--gptq-scale", choices=("mse", "rtn"), default="mse", help="gptq: how each block scale is chosen")
     p.add_argument("--percdamp", type=float, default=0.01, help="gptq: damping, as a fraction of the mean Hessian diagonal")
     p.add_argument("--global-candidates", type=int, default=1, help="mse (and gptq's mse scales): per-tensor scale candidates")
+    p.add_argument("--mse-hessian", action=argparse.BooleanOptionalAction, default=False,
+                   help="mse: weight each element's squared error by its input column's mean square activation "
+                        "(the diagonal of the calibration Hessian)")
     p.add_argument("--driver", choices=("layers", "quantize_model"), default="layers",
                    help="layers: each method quantizes the weights once (Hessians from one pass of the float "
                         "model) and builds the NVFP4 layers of every mode from them; quantize_model: "
@@ -361,7 +369,7 @@ def main(argv=None) -> dict:
     if why:
         sys.exit(f"perplexity.py: {why}")
     args.options = {
-        "mse": {"global_candidates": args.global_candidates},
+        "mse": {"global_candidates": args.global_candidates, **({"hessian": "diagonal"} if args.mse_hessian else {})},
         "gptq": {"act_order": args.gptq_act_order, "scale": args.gptq_scale, "percdamp": args.percdamp,
                  "global_candidates": args.global_candidates},
     }

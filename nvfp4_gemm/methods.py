@@ -12,12 +12,17 @@ writer takes them unchanged. They differ only in which legal scales and codes th
 * "mse": per 16-element block, the e4m3 scale that minimizes the block's squared reconstruction error over a
   small candidate set: rtn's scale (amax_b -> 6) and its `neighbours` e4m3 neighbours on each side, and the
   scale mapping amax_b -> 4 with its neighbours; every element takes the nearest e2m1 code for the scale
-  (the same reciprocal-multiply rounding as rtn). The per-tensor scale is chosen the same way, by total
+  (the same reciprocal-multiply rounding as rtn). With `hessian=` (a layer's [K, K] input second moment H,
+  or its diagonal [K]) each element's squared error is weighted by its input column's H_kk, the mean square
+  activation it is multiplied by: the diagonal part of the layer's output error, which the unweighted error
+  spreads evenly over columns that matter very differently. The per-tensor scale is chosen the same way, by total
   error, among gs * 2^(-j / global_candidates), j = 0 .. global_candidates - 1 (j = 0 is rtn's; the default,
   global_candidates=1, keeps rtn's per-tensor scale: on SmolLM2-135M the search lowered the weight error
   but not the perplexity, at 4x the time). Because
   rtn's (scale, codes) pair is always a candidate and ties keep it, no block is ever worse than rtn under
-  the same per-tensor scale, and the chosen per-tensor scale never gives a larger total than rtn's.
+  the same per-tensor scale (and the same objective), and the chosen per-tensor scale never gives a larger
+  total than rtn's. The search runs natively (csrc/quant/mse_search.h, one pass on the CPU or one CUDA
+  kernel); `reference_mse` is its plain-PyTorch definition.
 * "gptq": GPTQ (Frantar et al., 2022) on the NVFP4 grid: columns are quantized one at a time and each
   column's rounding error is spread over the columns not yet quantized, weighted by the inverse Hessian
   of the layer's calibration inputs (H = 2/n sum x x^T, `HessianAccumulator`), so that the layer's OUTPUT
@@ -26,19 +31,23 @@ writer takes them unchanged. They differ only in which legal scales and codes th
   error-updated values of all 16 of its columns, none of which has been quantized yet.
 
 Determinism of "mse" (CPU and CUDA give the same bits): every quantity that decides a choice is computed
-by elementwise IEEE-754 operations (correctly rounded on both devices, no fused multiply-add: each is its
-own PyTorch op) in a fixed order, never by a reduction whose order a backend picks:
+by IEEE-754 operations in a fixed order, each correctly rounded on both devices, never by a reduction whose
+order a backend picks. The native search is one C++ definition compiled by g++ and nvcc (explicit
+round-to-nearest intrinsics on the device, so nothing is contracted into a fused multiply-add), and it
+performs, operation for operation, what `reference_mse` does with PyTorch ops:
   - r = |x| * gs in float64 is exact (a 24-bit by 24-bit product); a code's value v = e2m1 * scale is exact
     (2 + 4 significant bits); their difference is exact too: v is the nearest grid point to r (or 0, or the
     saturated top of the grid), so the two lie within a few binades of each other and r - v needs fewer
-    than 53 bits;
-  - the 16 squared differences are summed pairwise with explicit elementwise adds (8 + 8, 4 + 4, ...),
-    the same tree on every device;
+    than 53 bits (and because v is an exact product, the kernel's single FMA for r - v equals the
+    multiply and subtract done elsewhere);
+  - the 16 squared differences (each times its column weight, float64, with hessian=) are summed pairwise
+    (e0 + e1, e2 + e3, ..., then pairs of those), the same tree on every device;
   - a block keeps a candidate only if its error is strictly smaller, candidates tried in a fixed order;
   - per-tensor totals are sums of integers: each block error is scaled by a power of two (exact), floored
     and summed as int64 (exact and order-free: the exponent is chosen so the sum cannot overflow).
-Block amax (torch.amax) is exact whatever the order. GPTQ's matrix products are NOT order-free: its
-results can differ between devices in rare near-tie roundings.
+Block amax is exact whatever the order. The tests hold the native search to `reference_mse` (on the CPU,
+where PyTorch's tensor / number division is a true division, as the native code's is) and CPU to CUDA.
+GPTQ's matrix products are NOT order-free: its results can differ between devices in rare near-tie roundings.
 
 NaN / inf: "rtn" and "mse" keep quantize()'s handling (a NaN block gets a NaN scale and +-6 at the NaN,
 +-inf saturates); "mse" leaves every non-finite block exactly as rtn has it and excludes it from the
@@ -58,8 +67,6 @@ METHODS = ("rtn", "mse", "gptq")
 _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E4M3_MAX_BYTE = 0x7E  # 448; 0x7F is NaN
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Rows per chunk in the mse search: bounds its float64 temporaries to ~2^22 elements (32 MiB) each.
-_CHUNK_ELEMS = 1 << 22
 
 
 def quantize_weight(
@@ -72,8 +79,8 @@ def quantize_weight(
     """w [N, K] (float32 / float16 / bfloat16, K a multiple of 16) -> (packed uint8 [N, K/2], flat blocked
     float8_e4m3fn scales, weight_scale_2 float32 [1], the DECODE scale), on w's device.
 
-    method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=1, clip=True), "gptq" (hessian [K, K]
-    required; options: percdamp=0.01, block_size=128, act_order=True, scale="mse" or "rtn", neighbours=2,
+    method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=1, clip=True; hessian [K, K] or
+    its diagonal [K] optional: weights each column's error by it), "gptq" (hessian [K, K] required; options: percdamp=0.01, block_size=128, act_order=True, scale="mse" or "rtn", neighbours=2,
     global_candidates=1, clip=True). See the module docstring for what each chooses.
     """
     if method not in METHODS:
@@ -90,15 +97,15 @@ def quantize_weight(
         if hessian is None:
             raise ValueError("quantize_weight: method 'gptq' needs hessian= [K, K] (HessianAccumulator.hessian())")
         return _gptq(w, hessian, **options)
-    if hessian is not None:
-        raise ValueError(f"quantize_weight: hessian= is used only by method 'gptq', got it with {method!r}")
     if method == "rtn":
+        if hessian is not None:
+            raise ValueError("quantize_weight: hessian= is used only by methods 'mse' and 'gptq', got it with 'rtn'")
         if options:
             raise TypeError(f"quantize_weight: method 'rtn' takes no options, got {sorted(options)}")
         gs = global_encode_scale(finite_amax(w))
         packed, sf = quantize(w, gs)
         return packed, sf, 1.0 / gs
-    return _mse(w, **options)
+    return _mse(w, weight=None if hessian is None else _column_weights(hessian, w), **options)
 
 
 class HessianAccumulator:
@@ -157,18 +164,24 @@ def _scale_value(byte: torch.Tensor) -> torch.Tensor:
     return byte.view(torch.float8_e4m3fn).to(torch.float32)
 
 
-def _block_error(r: torch.Tensor, mag: torch.Tensor, sc: torch.Tensor, lut64: torch.Tensor) -> torch.Tensor:
-    """Squared error of each block in units of gs (sum_i (|x_i| gs - e2m1_i * scale)^2), float64, computed
-    with a fixed sequence of elementwise operations (module docstring: why this is exact and order-free)."""
+def _block_error(r: torch.Tensor, mag: torch.Tensor, sc: torch.Tensor, lut64: torch.Tensor,
+                 h64: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared error of each block in units of gs (sum_i h_i (|x_i| gs - e2m1_i * scale)^2, h_i = 1 without
+    column weights), float64, computed with a fixed sequence of elementwise operations (module docstring:
+    why this is exact and order-free)."""
     d = r - lut64[mag.long()] * sc.to(torch.float64).unsqueeze(-1)
     e = d * d
+    if h64 is not None:
+        e = e * h64
     while e.shape[-1] > 1:
         e = e[..., 0::2] + e[..., 1::2]
     return e[..., 0]
 
 
-def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: bool = True,
+                         weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """xb [R, B, 16] fp32 -> (best scale byte [R, B] uint8, its error [R, B] float64 in units of gs).
+    weight: None, or [B * 16] fp32 column weights (each element's squared error is multiplied by its column's).
 
     Candidates, in the order tried: rtn's byte (amax -> 6), then rtn +- 1..neighbours, then the byte mapping
     amax -> 4 and its +- neighbours; a candidate replaces the best only if strictly better, so ties keep rtn.
@@ -179,10 +192,11 @@ def _search_block_scales(xb: torch.Tensor, gs: torch.Tensor, neighbours: int, cl
     r = xa.to(torch.float64) * gs.to(torch.float64)
     b6 = _e4m3_rn_sat_bits(amax / 6.0 * gs)
     b4 = _e4m3_rn_sat_bits(amax / 4.0 * gs)
+    h64 = None if weight is None else weight.to(torch.float64).reshape(xb.shape[1], SF_VEC)
 
     def error_of(byte):
         sc = _scale_value(byte)
-        return _block_error(r, _magnitude_codes(xa, sc, gs), sc, lut64)
+        return _block_error(r, _magnitude_codes(xa, sc, gs), sc, lut64, h64)
 
     best, best_err = b6, error_of(b6)
     offsets = [(b6, d) for k in range(1, neighbours + 1) for d in (-k, k)]
@@ -207,55 +221,101 @@ def _encode(x: torch.Tensor, scale_bytes: torch.Tensor, gs: torch.Tensor) -> tor
     return pack_e2m1(codes.view(rows, k))
 
 
-def _row_chunks(rows: int, k: int):
-    step = max(1, _CHUNK_ELEMS // k)
-    return [(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
+def _native_search(x: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: bool, weight: torch.Tensor | None,
+                   with_error: bool):
+    """The search and the encoding in one pass of the native op (CPU or CUDA, csrc/quant/mse_search.h):
+    (packed [R, K/2], scale bytes [R, K/16], error [R, K/16] float64 or None)."""
+    packed, scale_bytes, err = torch.ops.nvfp4_gemm.quantize_mse.default(x, gs, neighbours, clip, weight, with_error)
+    return packed, scale_bytes, err if with_error else None
+
+
+def _reference_search(x: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: bool, weight: torch.Tensor | None,
+                      with_error: bool):
+    """_native_search's definition in plain PyTorch (same outputs, bit for bit, when run on the CPU)."""
+    x = x.to(torch.float32)
+    rows, k = x.shape
+    scale_bytes, err = _search_block_scales(x.view(rows, k // SF_VEC, SF_VEC), gs, neighbours, clip, weight)
+    return _encode(x, scale_bytes, gs), scale_bytes, err if with_error else None
+
+
+@torch.library.register_fake("nvfp4_gemm::quantize_mse")
+def _quantize_mse_fake(x, global_scale, neighbours=2, clip=True, column_weight=None, with_error=False):
+    rows, k = x.shape
+    torch._check(k % SF_VEC == 0, lambda: f"nvfp4_gemm.quantize_mse: K must be a positive multiple of 16, got {k}")
+    err_shape = (rows, k // SF_VEC) if with_error else (0, 0)
+    return (x.new_empty((rows, k // 2), dtype=torch.uint8), x.new_empty((rows, k // SF_VEC), dtype=torch.uint8),
+            x.new_empty(err_shape, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------------------------------- mse
 
-def _mse_scales(x: torch.Tensor, neighbours: int, global_candidates: int, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, K] fp32 -> (scale bytes [N, K/16] uint8, gs [1] fp32) by the mse search (module docstring)."""
-    if not isinstance(neighbours, int) or neighbours < 0:
-        raise ValueError(f"quantize_weight: neighbours must be an int >= 0, got {neighbours!r}")
+def _column_weights(hessian: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """mse's per-column error weights: the diagonal of hessian [K, K] (or hessian itself when it is that
+    diagonal, [K]), float32 on w's device; finite and >= 0, else an error."""
+    k = w.shape[1]
+    if not isinstance(hessian, torch.Tensor) or tuple(hessian.shape) not in ((k, k), (k,)):
+        raise ValueError(f"quantize_weight: mse's hessian must be [K, K] = [{k}, {k}] or its diagonal [{k}], got "
+                         f"{tuple(hessian.shape) if isinstance(hessian, torch.Tensor) else type(hessian).__name__}")
+    h = (torch.diagonal(hessian) if hessian.dim() == 2 else hessian).detach().to(device=w.device, dtype=torch.float32)
+    if not bool((torch.isfinite(h) & (h >= 0)).all()):
+        raise ValueError("quantize_weight: mse's hessian diagonal must be finite and >= 0")
+    return h.contiguous()
+
+
+def _mse_search(w: torch.Tensor, neighbours: int, global_candidates: int, clip: bool, weight: torch.Tensor | None,
+                search=_native_search) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (packed [N, K/2], scale bytes [N, K/16] uint8, gs [1] fp32) by the mse search (module
+    docstring). `search` does one per-tensor candidate: the native op, or the PyTorch reference."""
+    if not isinstance(neighbours, int) or isinstance(neighbours, bool) or not 0 <= neighbours <= 126:
+        raise ValueError(f"quantize_weight: neighbours must be an int in [0, 126], got {neighbours!r}")
     if not isinstance(global_candidates, int) or global_candidates < 1:
         raise ValueError(f"quantize_weight: global_candidates must be an int >= 1, got {global_candidates!r}")
-    rows, k = x.shape
-    amax = finite_amax(x)
+    amax = finite_amax(w)
     gs0 = global_encode_scale(amax)
+    if global_candidates == 1:  # rtn's per-tensor scale: one pass, no host sync
+        packed, scale_bytes, _ = search(w, gs0, neighbours, clip, weight, False)
+        return packed, scale_bytes, gs0
+    rows, k = w.shape
     amax_host = float(amax)
     nblocks = rows * (k // SF_VEC)
-    # Fixed point for the per-tensor totals: a block's error is at most 16 amax^2 (each code is at least as
-    # close as 0 is), so nblocks * 16 amax^2 * 2 (margin for the rounding of the division by gs^2) < 2^62.
-    bound = max(nblocks * 16.0 * amax_host * amax_host * 2.0, 1e-300)
-    exp2 = 62 - math.frexp(bound)[1]
-    best_total, best_bytes, best_gs = None, None, None
+    # Fixed point for the per-tensor totals: a block's error is at most 16 max(h) amax^2 (each code is at
+    # least as close as 0 is), so nblocks * 16 max(h) amax^2 * 2 (margin for the rounding of the division by
+    # gs^2) < 2^62.
+    hmax = 1.0 if weight is None else max(float(weight.max()), 1e-300)
+    bound = max(nblocks * 16.0 * amax_host * amax_host * 2.0 * hmax, 1e-300)
+    # A Python float multiplier: exact on every device (torch.ldexp goes through pow, whose CUDA version
+    # promises no exact powers of two).
+    fixed_point = math.ldexp(1.0, 62 - math.frexp(bound)[1])
+    best = None
     for j in range(global_candidates):
         gs = gs0 if j == 0 else gs0 * torch.tensor(2.0 ** (-j / global_candidates), dtype=torch.float32,
-                                                    device=x.device)
-        gs2 = gs.to(torch.float64) * gs.to(torch.float64)
-        chunks, total = [], 0
-        for r0, r1 in _row_chunks(rows, k):
-            xb = x[r0:r1].reshape(r1 - r0, k // SF_VEC, SF_VEC)
-            byte, err = _search_block_scales(xb, gs, neighbours, clip)
-            chunks.append(byte)
-            if global_candidates > 1:
-                err = err / gs2
-                fixed = torch.floor(torch.ldexp(err, torch.tensor(exp2, dtype=torch.float64, device=x.device)))
-                fixed = torch.where(torch.isfinite(fixed), fixed, torch.zeros_like(fixed))
-                total += int(fixed.to(torch.int64).sum())
-        if best_total is None or total < best_total:
-            best_total, best_bytes, best_gs = total, torch.cat(chunks), gs
+                                                    device=w.device)
+        packed, scale_bytes, err = search(w, gs, neighbours, clip, weight, True)
+        fixed = torch.floor(err / (gs.to(torch.float64) * gs.to(torch.float64)) * fixed_point)
+        total = int(torch.where(torch.isfinite(fixed), fixed, torch.zeros_like(fixed)).to(torch.int64).sum())
+        if best is None or total < best[0]:
+            best = (total, packed, scale_bytes, gs)
         if amax_host == 0.0:  # every candidate gives zero error: keep rtn's
             break
-    return best_bytes, best_gs
+    return best[1], best[2], best[3]
 
 
-def _mse(w: torch.Tensor, neighbours: int = 2, global_candidates: int = 1, clip: bool = True):
-    x = w.to(torch.float32)
-    scale_bytes, gs = _mse_scales(x, neighbours, global_candidates, clip)
-    packed = torch.cat([_encode(x[r0:r1], scale_bytes[r0:r1], gs) for r0, r1 in _row_chunks(*x.shape)])
+def _mse(w: torch.Tensor, neighbours: int = 2, global_candidates: int = 1, clip: bool = True, weight=None,
+         search=_native_search):
+    packed, scale_bytes, gs = _mse_search(w, neighbours, global_candidates, clip, weight, search)
     return packed, to_blocked(scale_bytes.view(torch.float8_e4m3fn)), 1.0 / gs
+
+
+def reference_mse(w: torch.Tensor, *, neighbours: int = 2, global_candidates: int = 1, clip: bool = True,
+                  hessian: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_weight(w, "mse", ...) written in plain PyTorch: the definition the native search (CPU and
+    CUDA) is held to, bit for bit. Slow (about 30 full-tensor float64 passes per candidate scale); run it
+    on the CPU: on CUDA, PyTorch divides a tensor by a Python number as a multiplication by its reciprocal,
+    so rtn's byte `amax / 6 * gs` can differ by one e4m3 step where the native code divides."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] == 0 or w.shape[1] % SF_VEC != 0:
+        raise ValueError("reference_mse: w must be [N, K] with K a positive multiple of 16")
+    weight = None if hessian is None else _column_weights(hessian, w)
+    return _mse(w.detach(), neighbours, global_candidates, clip, weight, search=_reference_search)
 
 
 # ---------------------------------------------------------------------------------------------- gptq
@@ -291,7 +351,7 @@ def _gptq(
 
     # The per-tensor scale comes from the original weights: rtn's, or the mse search's choice.
     if scale == "mse" and global_candidates > 1:
-        _, gs = _mse_scales(W, neighbours, global_candidates, clip)
+        gs = _mse_search(W, neighbours, global_candidates, clip, None)[2]
     else:
         gs = global_encode_scale(finite_amax(W))
     decode = 1.0 / gs
@@ -338,7 +398,7 @@ def _gptq(
                     else:  # beyond this block: its lazy update from the block's columns done so far is pending
                         cur[:, m] = W[:, p] - Err1[:, :i] @ Hinv[i1:i1 + i, p]
                 if scale == "mse":
-                    byte, _ = _search_block_scales(cur.view(n, 1, SF_VEC), gs, neighbours, clip)
+                    byte = _native_search(cur, gs, neighbours, clip, None, False)[1]
                 else:
                     byte = _e4m3_rn_sat_bits(cur.abs().amax(dim=1, keepdim=True) / 6.0 * gs)
                 scale_bytes[:, g] = byte[:, 0]

@@ -82,7 +82,7 @@ def _quantize_weight(w: torch.Tensor, method: str, hessian: torch.Tensor | None)
     if method != "rtn":
         raise NotImplementedError(f"method {method!r} needs nvfp4_gemm.methods, which this build does not have")
     if hessian is not None:
-        raise ValueError("hessian is only used by method='gptq'")
+        raise ValueError("hessian is only used by methods 'mse' and 'gptq'")
     gs = global_encode_scale(finite_amax(w))
     packed, sf = quantize(w, gs)
     return packed, sf, 1.0 / gs
@@ -161,7 +161,8 @@ class NVFP4Linear(nn.Module):
         weight_only: activations stay float (W4A16); input_amax must then be None.
         method: how the weight is rounded, "rtn" (round to nearest with a per-tensor scale from the finite
             amax), "mse" or "gptq" (nvfp4_gemm.methods.quantize_weight); "gptq" needs `hessian`, the [K, K]
-            float32 second moment of the layer's inputs (methods.HessianAccumulator).
+            float32 second moment of the layer's inputs (methods.HessianAccumulator); "mse" takes it (or its
+            diagonal [K]) optionally and then weighs each input column's error by its diagonal entry.
         """
         _check_method(method)
         if weight_only and input_amax is not None:

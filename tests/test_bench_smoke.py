@@ -218,3 +218,23 @@ def test_weight_only_variant_follows_contract(monkeypatch):
             ref = (nvfp4_gemm.dequantize(s["a"], s["sfa"], k) @ nvfp4_gemm.dequantize(s["b"], s["sfb"], k).T) * float(s["alpha"])
             assert bench_mm.rel_err(out, ref, scale) < (1e-3 if dtype == torch.float16 else 8e-3)
         assert seen[-1] == dtype
+
+
+def test_bench_methods_smoke(tmp_path):
+    """benchmarks/bench_methods.py --smoke: the tiny stack's timings, the mse / rtn ratio and its verdict, as
+    the JSON and the printed table give them."""
+    out = tmp_path / "methods.json"
+    proc = run_script("bench_methods.py", "--smoke", "--repeats", "2", "--json", str(out))
+    assert_ran(proc)
+    data = json.loads(out.read_text())
+    check_meta(data["meta"])
+    assert data["elements"] == 2 * (96 * 64 + 64 * 64 + 256 * 64 + 64 * 128)
+    assert set(data["median_s"]) == {"rtn", "mse", "mse+hessian", "piece: per-tensor amax", "piece: quantize kernel",
+                                     "piece: search kernel"}
+    for name, runs in data["seconds"].items():
+        assert len(runs) == 2 and all(t > 0 for t in runs)
+        assert math.isclose(data["median_s"][name], sum(runs) / 2, rel_tol=1e-12)
+    ratio = data["median_s"]["mse"] / data["median_s"]["rtn"]
+    assert math.isclose(data["mse_over_rtn"], ratio, rel_tol=1e-12)
+    check_verdict(ratio, data["target"], data["verdict"])
+    assert f"mse / rtn = {ratio:.2f}" in proc.stdout

@@ -8,7 +8,7 @@ import torch
 
 import nvfp4_gemm
 from nvfp4_gemm import methods
-from nvfp4_gemm.formats import E2M1_VALUES, SF_VEC, dequantize, from_blocked, unpack_e2m1
+from nvfp4_gemm.formats import E2M1_VALUES, SF_VEC, dequantize, from_blocked, to_blocked, unpack_e2m1
 from nvfp4_gemm.methods import HessianAccumulator, quantize_weight
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale, reference_quantize
 from nvfp4_gemm.testing import check_against_reference
@@ -176,27 +176,126 @@ def test_mse_zero_tensor_and_zero_blocks():
     assert not _scale_bytes(res, 8, 64)[:, 1].any()
 
 
-def test_mse_deterministic_and_chunking_free(monkeypatch):
-    w = _weight(96, 160, seed=10)
-    a = quantize_weight(w, "mse", global_candidates=4)
-    b = quantize_weight(w.clone(), "mse", global_candidates=4)
-    monkeypatch.setattr(methods, "_CHUNK_ELEMS", 160 * 7)  # 7-row chunks: results must not depend on it
-    c = quantize_weight(w, "mse", global_candidates=4)
-    for x, y in ((a, b), (a, c)):
-        assert torch.equal(x[0], y[0]) and torch.equal(x[1].view(torch.uint8), y[1].view(torch.uint8))
-        assert torch.equal(x[2], y[2])
+def _same(a, b) -> bool:
+    """Two (packed, blocked scales, decode scale) results hold the same bits."""
+    return (torch.equal(a[0], b[0]) and torch.equal(a[1].view(torch.uint8), b[1].view(torch.uint8))
+            and torch.equal(a[2], b[2]))
+
+
+def _column_energy(k: int, seed: int) -> torch.Tensor:
+    """Per-column weights like a Hessian diagonal: energies over several binades, a few dead columns."""
+    g = _gen(seed)
+    h = torch.exp2(torch.randn(k, generator=g) * 3)
+    h[torch.randperm(k, generator=g)[: k // 16]] = 0
+    return h
+
+
+_MSE_DATA = {
+    "gaussian": lambda: _weight(40, 192, seed=30),
+    "fp16": lambda: _weight(24, 128, seed=31, dtype=torch.float16),
+    "bf16-grid": lambda: (torch.randint(-24, 25, (24, 128), generator=_gen(32)).float() / 8).to(torch.bfloat16),
+    "adversarial": lambda: _adversarial(seed=33),
+    "subnormal": lambda: _weight(8, 64, seed=34) * 2.0 ** -126,
+}
+
+
+@pytest.mark.parametrize("data", sorted(_MSE_DATA))
+def test_mse_native_search_is_the_reference_bit_for_bit(data):
+    """The native search (csrc/quant/mse_search.h; here the CPU backend) against the plain-PyTorch definition
+    (methods.reference_mse, the code that produced the earlier measured perplexities), under every option."""
+    w = _MSE_DATA[data]()
+    if data == "adversarial":
+        w[1, 5], w[2, 40], w[3, 17] = float("nan"), float("inf"), -float("inf")
+    h = _column_energy(w.shape[1], seed=35)
+    for opts in ({}, {"neighbours": 0}, {"neighbours": 4, "clip": False}, {"global_candidates": 3},
+                 {"hessian": h}, {"hessian": torch.diag(h), "clip": False, "global_candidates": 2}):
+        got = quantize_weight(w, "mse", **opts)
+        assert _same(got, methods.reference_mse(w, **opts)), (data, sorted(opts))
+        assert _same(got, quantize_weight(w.clone(), "mse", **opts))  # deterministic
+
+
+def test_mse_native_op_outputs():
+    """The op behind mse: linear scale bytes and, when asked, each block's error, which is the error of
+    the chosen scale (sum of squared |x| gs - e2m1 * scale, from the format's decoder)."""
+    w = _weight(16, 96, seed=36)
+    gs = global_encode_scale(finite_amax(w))
+    packed, scale, err = torch.ops.nvfp4_gemm.quantize_mse(w, gs, 2, True, None, True)
+    assert packed.shape == (16, 48) and scale.shape == (16, 6) and err.shape == (16, 6) and err.dtype == torch.float64
+    mag = torch.tensor(E2M1_VALUES[:8], dtype=torch.float64)[unpack_e2m1(packed).long() & 7]
+    v = mag.reshape(16, 6, SF_VEC) * scale.view(torch.float8_e4m3fn).double().unsqueeze(-1)
+    want = ((w.double().abs() * float(gs)).reshape(16, 6, SF_VEC) - v).pow(2).sum(-1)
+    torch.testing.assert_close(err, want, rtol=1e-12, atol=0)
+    # the same scales and codes as the blocked result of quantize_weight
+    res = quantize_weight(w, "mse")
+    assert torch.equal(res[0], packed) and torch.equal(res[1].view(torch.uint8), to_blocked(scale))
+    assert torch.ops.nvfp4_gemm.quantize_mse(w, gs)[2].numel() == 0
+    with pytest.raises(RuntimeError, match=r"column_weight must be 1-D \[K\] = \[96\], got shape \[95\]"):
+        torch.ops.nvfp4_gemm.quantize_mse(w, gs, 2, True, torch.ones(95))
+    with pytest.raises(RuntimeError, match=r"neighbours must be in \[0, 126\] .*got 127"):
+        torch.ops.nvfp4_gemm.quantize_mse(w, gs, 127)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA op needs a CUDA device"))])
+def test_mse_opcheck(device):
+    """quantize_mse as a custom op: schema, fake (torch.compile) implementation, dispatch."""
+    w = _weight(8, 64, seed=43, dtype=torch.bfloat16).to(device)
+    gs = global_encode_scale(finite_amax(w))
+    torch.library.opcheck(torch.ops.nvfp4_gemm.quantize_mse.default, (w, gs, 2, True, None, False))
+    torch.library.opcheck(torch.ops.nvfp4_gemm.quantize_mse.default,
+                          (w.float(), gs, 1, False, _column_energy(64, seed=44).to(device), True))
+
+
+def _weighted_block_err(res, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    d = (_decode(res, w.shape[1]) - w.double()) ** 2 * h.double()
+    return d.reshape(w.shape[0], -1, SF_VEC).sum(-1)
+
+
+def test_mse_hessian_weights_never_worse_than_rtn_and_help_their_objective():
+    """With hessian=, each block minimizes sum_i h_i (x_i - q_i)^2 (h = diag H): never worse than rtn's block
+    under that objective, and better in total than the unweighted search's choice."""
+    w = _weight(64, 256, seed=37)
+    h = _column_energy(256, seed=38)
+    rtn, plain = quantize_weight(w, "rtn"), quantize_weight(w, "mse")
+    weighted = quantize_weight(w, "mse", hessian=h)
+    assert _same(weighted, quantize_weight(w, "mse", hessian=torch.diag(h)))  # [K, K]: its diagonal is used
+    e_rtn, e_w = _weighted_block_err(rtn, w, h), _weighted_block_err(weighted, w, h)
+    worse = e_w > e_rtn * (1 + 1e-12) + 1e-300
+    assert not worse.any(), int(worse.sum())
+    assert e_w.sum() < 0.97 * _weighted_block_err(plain, w, h).sum()
+    assert _same(quantize_weight(w, "mse", hessian=torch.ones(256)), plain)  # equal weights: the plain search
+    with pytest.raises(ValueError, match=r"hessian must be \[K, K\] = \[256, 256\] or its diagonal \[256\], got \(128,\)"):
+        quantize_weight(w, "mse", hessian=h[:128])
+    with pytest.raises(ValueError, match="diagonal must be finite and >= 0"):
+        quantize_weight(w, "mse", hessian=-h)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CPU and CUDA agreement of mse needs a CUDA device")
-@pytest.mark.parametrize("data", ["gaussian", "adversarial", "bf16"])
+@pytest.mark.parametrize("data", ["gaussian", "adversarial", "bf16", "fp16-strided", "hessian", "large"])
 def test_mse_cpu_and_cuda_bitwise_equal(data):
-    w = {"gaussian": lambda: _weight(300, 512, seed=11), "adversarial": lambda: _adversarial(seed=12),
-         "bf16": lambda: _weight(128, 256, seed=13, dtype=torch.bfloat16)}[data]()
-    cpu = quantize_weight(w, "mse", global_candidates=4)
-    gpu = quantize_weight(w.cuda(), "mse", global_candidates=4)
-    assert torch.equal(cpu[0], gpu[0].cpu())
-    assert torch.equal(cpu[1].view(torch.uint8), gpu[1].cpu().view(torch.uint8))
-    assert torch.equal(cpu[2], gpu[2].cpu())
+    h = None
+    if data == "gaussian":
+        w = _weight(300, 512, seed=11)
+    elif data == "adversarial":
+        w = _adversarial(seed=12)
+        w[1, 5], w[2, 40] = float("nan"), float("inf")
+    elif data == "bf16":
+        w = _weight(128, 256, seed=13, dtype=torch.bfloat16)
+    elif data == "fp16-strided":  # read in place: rows 1280 bytes apart, base 128 bytes in
+        w = _weight(96, 640, seed=39, dtype=torch.float16)
+    elif data == "hessian":
+        w, h = _weight(200, 384, seed=40), _column_energy(384, seed=41)
+    else:  # 2^20 blocks, to meet rare roundings
+        w = torch.randn(4096, 4096, generator=_gen(42)).to(torch.bfloat16)
+    for opts in ({"global_candidates": 1}, {"global_candidates": 4, "neighbours": 3, "clip": False}):
+        if data == "large" and opts["global_candidates"] > 1:
+            continue
+        view = (lambda t: t[:, 64:576]) if data == "fp16-strided" else (lambda t: t)
+        cpu = quantize_weight(view(w), "mse", hessian=h, **opts)
+        gpu = quantize_weight(view(w.cuda()), "mse", hessian=None if h is None else h.cuda(), **opts)
+        assert _same(cpu, tuple(t.cpu() for t in gpu)), (data, opts)
+        if data != "large":  # and the PyTorch definition (on the CPU)
+            assert _same(cpu, methods.reference_mse(view(w), hessian=h, **opts)), (data, opts)
 
 
 # ------------------------------------------------------------------------------------------------------ gptq
@@ -295,11 +394,11 @@ def test_errors_name_the_argument():
         quantize_weight(w, "gptq")
     with pytest.raises(ValueError, match=r"hessian must be \[K, K\] = \[32, 32\], got \(16, 16\)"):
         quantize_weight(w, "gptq", hessian=torch.eye(16))
-    with pytest.raises(ValueError, match="used only by method 'gptq'"):
-        quantize_weight(w, "mse", hessian=torch.eye(32))
+    with pytest.raises(ValueError, match="used only by methods 'mse' and 'gptq', got it with 'rtn'"):
+        quantize_weight(w, "rtn", hessian=torch.eye(32))
     with pytest.raises(TypeError, match="takes no options"):
         quantize_weight(w, "rtn", neighbours=3)
-    with pytest.raises(ValueError, match="neighbours must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"neighbours must be an int in \[0, 126\], got -1"):
         quantize_weight(w, "mse", neighbours=-1)
     nan_w = w.clone()
     nan_w[0, 0] = float("nan")

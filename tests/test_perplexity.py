@@ -74,6 +74,11 @@ def test_machinery_on_a_small_llama():
             layer = q.get_submodule(names[0])
             if mode == "static":
                 assert layer.input_scale is not None
+    # mse weighted by each layer's Hessian diagonal (--mse-hessian): the layer's own Hessian reaches it
+    weights, _ = ex.quantize_all(targets, "mse", hessians, {"mse": {"hessian": "diagonal"}})
+    name, mod = targets[0]
+    want = ex.quantize_weight(mod.weight.detach(), "mse", hessian=torch.diagonal(hessians[name]))
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(weights[name][:2], want[:2]))
     # the same through quantize_model (what a user calls), including its sequential GPTQ
     for mode, method in (("weight-only", "gptq"), ("static", "mse"), ("dynamic", "gptq")):
         q, _ = ex.quantize_through_model_api(model, ids[100:], 50, mode, method)

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 
+#include "quant/elem.cuh"
 #include "quant/recipe.h"
 
 namespace nvfp4_gemm::quant {
@@ -23,34 +24,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kItems = 2;
-
-template <InDtype D>
-struct Elem;
-template <>
-struct Elem<InDtype::kFloat32> {
-  static constexpr int kBytes = 4;
-  __device__ static uint32_t word(const uint4* v, int i) { return (&v[i / 4].x)[i % 4]; }
-  __device__ static uint32_t bits(const uint4* v, int i) { return word(v, i); }
-  __device__ static uint32_t sign(const uint4* v, int i) { return word(v, i) >> 31; }
-};
-template <>
-struct Elem<InDtype::kBFloat16> {
-  static constexpr int kBytes = 2;
-  __device__ static uint32_t half(const uint4* v, int i) { return ((&v[i / 8].x)[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu; }
-  __device__ static uint32_t bits(const uint4* v, int i) { return bf16_to_f32_bits(static_cast<uint16_t>(half(v, i))); }
-  __device__ static uint32_t sign(const uint4* v, int i) { return half(v, i) >> 15; }
-};
-template <>
-struct Elem<InDtype::kFloat16> {
-  static constexpr int kBytes = 2;
-  __device__ static uint32_t half(const uint4* v, int i) { return ((&v[i / 8].x)[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu; }
-  // The hardware conversion (exact; the host uses recipe.h's bit version): only a NaN's payload can
-  // differ, and nothing in the recipe depends on it.
-  __device__ static uint32_t bits(const uint4* v, int i) {
-    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(half(v, i)))));
-  }
-  __device__ static uint32_t sign(const uint4* v, int i) { return half(v, i) >> 15; }
-};
 
 // Index: uint32_t whenever the block count fits, since a 64-bit division (block -> row) is a
 // ~70-instruction software routine; uint64_t otherwise.
