@@ -140,3 +140,9 @@ def _linear_fake(x, weight, weight_scale, weight_scale_2, input_scale=None, bias
         lambda: f"nvfp4_gemm.linear: x.shape[-1] must be K = {weight.shape[1] * 2}, got {x.shape[-1]}",
     )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("nvfp4_gemm::_input_scales")
+def _input_scales_fake(x, weight_scale_2, input_scale=None):
+    torch._check(x.dim() == 2, lambda: f"nvfp4_gemm._input_scales: x must be 2-D [rows, K], got {x.dim()}-D")
+    return x.new_empty((3,), dtype=torch.float32)
