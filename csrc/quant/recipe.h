@@ -104,8 +104,10 @@ NVFP4_HD InputScales dynamic_input_scales(float amax, float weight_scale_2) {
 }
 
 // Static: from a calibrated DECODE scale.
+NVFP4_HD float static_encode_scale(float input_scale) { return rcp_rn(input_scale); }
+
 NVFP4_HD InputScales static_input_scales(float input_scale, float weight_scale_2) {
-  return {rcp_rn(input_scale), input_scale, mul_rn(input_scale, weight_scale_2)};
+  return {static_encode_scale(input_scale), input_scale, mul_rn(input_scale, weight_scale_2)};
 }
 
 // fp32 -> float8_e4m3fn bits: round to nearest even, saturating at +-448 (inf included), NaN -> 0x7F.

@@ -1,8 +1,12 @@
 // CUDA implementation of nvfp4_gemm::linear and nvfp4_gemm::_input_scales. Launches per forward, besides
-// mm's own: dynamic and static W4A4 one for the input scales (csrc/quant/input_scales.cu) and one for
-// quantize (csrc/quant/quantize.cu, called directly, not through the dispatcher), which reads the encode
-// scale where the first wrote it; mm reads alpha from there too. Weight-only: none. A bias: one more
-// (finish_linear). No host sync anywhere.
+// mm's own:
+//   * dynamic W4A4: 2, the input scales kernel (csrc/quant/input_scales.cu: finite amax, then encode /
+//     decode / alpha into a small device buffer) and quantize (csrc/quant/quantize.cu, called directly, not
+//     through the dispatcher), which reads the encode scale from that buffer;
+//   * static W4A4: 1, quantize, which forms the encode scale from input_scale itself and writes alpha;
+//   * weight-only: 0;
+//   * a bias: 1 more (finish_linear).
+// mm reads alpha from the buffer. No host sync anywhere.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -78,10 +82,18 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::
   at::Tensor scales = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
   if (q.rows > 0) {  // an empty batch: nothing to scale or quantize; mm returns the empty result
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
+    float* buf = scales.data_ptr<float>();
+    quant::GlobalScale gs;
+    if (input_scale.has_value()) {
+      gs.decode = input_scale->data_ptr<float>();
+      gs.weight_scale_2 = weight_scale_2.data_ptr<float>();
+      gs.alpha_out = buf + quant::kAlpha;
+    } else {
+      launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
+      gs.encode = buf + quant::kEncode;
+    }
     char err[512] = {0};
-    const bool ok = quant::quantize_cuda(x2.data_ptr(), in_dtype(x2), q.rows, q.k, q.k,
-                                         scales.data_ptr<float>() + quant::kEncode, packed.data_ptr<uint8_t>(),
+    const bool ok = quant::quantize_cuda(x2.data_ptr(), in_dtype(x2), q.rows, q.k, q.k, gs, packed.data_ptr<uint8_t>(),
                                          static_cast<uint8_t*>(sf.data_ptr()), stream, err, sizeof(err));
     TORCH_CHECK(ok, "nvfp4_gemm.linear (CUDA): ", err);
   }
