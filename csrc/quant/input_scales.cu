@@ -1,7 +1,8 @@
 // The per-tensor scales of nvfp4_gemm::linear's input in one launch: finite amax of x, encode / decode
-// scales and the GEMM's alpha (dynamic mode), or the same three from a calibrated input scale (static).
-// They replace ~12 ATen launches (abs, isfinite, where, amax, cast, reciprocal, mul, compare, where,
-// clamp, reciprocal, mul) with one.
+// scales and the GEMM's alpha (dynamic mode), or the same three from a calibrated input scale (static:
+// linear itself leaves that to quantize, which forms them in the same launch; nvfp4_gemm::_input_scales
+// uses this one). Dynamic replaces ~12 ATen launches (abs, isfinite, where, amax, cast, reciprocal, mul,
+// compare, where, clamp, reciprocal, mul) with one.
 //
 // Grid reduction without a memset: each block folds its max into a running max with atomicMax (maxima of
 // non-negative floats compared as integers: exact and order-independent, so the result is deterministic),
@@ -41,7 +42,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // 16-byte loads in flight per thread
 constexpr int64_t kTileChunks = int64_t{kThreads} * kUnroll;
-constexpr int kBlocksPerSm = 4;  // 4 x 256 threads x 64 bytes in flight per SM: past the ~15 KB HBM needs
+// 4 x 256 threads x 64 bytes = 64 KB of loads in flight per SM, past the ~15 KB an H100 SM needs to keep
+// HBM busy (estimate, Little's law: 3.35 TB/s x ~0.6 us latency / 132 SMs); not measured yet.
+constexpr int kBlocksPerSm = 4;
 constexpr int kSlots = 4096;
 constexpr int kMaxDevices = 64;
 
