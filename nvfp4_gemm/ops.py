@@ -56,6 +56,11 @@ def mm(
     return out
 
 
+# Bound once: resolving torch.ops.nvfp4_gemm.linear.default attribute by attribute costs ~1 us of host time
+# per call, and NVFP4Linear.forward issues one per layer.
+_LINEAR_OP = torch.ops.nvfp4_gemm.linear.default
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -84,8 +89,7 @@ def linear(
       * dynamic W4A4: gs = global_encode_scale(finite_amax(x)), 1 / gs is the decode scale; as static after.
     W4A4 results are bit for bit those of quantize() followed by mm() with the same scales.
     """
-    return torch.ops.nvfp4_gemm.linear.default(x, weight, weight_scale, weight_scale_2, input_scale, bias,
-                                               weight_only)
+    return _LINEAR_OP(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
 
 
 def _mm_result_dtype(a, out_dtype, out=None):
@@ -135,8 +139,17 @@ def _linear_fake(x, weight, weight_scale, weight_scale_2, input_scale=None, bias
     torch._check(x.dim() >= 2, lambda: f"nvfp4_gemm.linear: x must be [..., K] with at least 2 dims, got {x.dim()}-D")
     torch._check(x.dtype in _ACT_DTYPES, lambda: f"nvfp4_gemm.linear: x must be float16, bfloat16 or float32, got {x.dtype}")
     torch._check(weight.dim() == 2, lambda: "nvfp4_gemm.linear: weight must be 2-D [N, K/2]")
+    # A meta x with real weights dispatches here, not to the device kernels, which would have refused it.
+    torch._check(weight.device == x.device,
+                 lambda: f"nvfp4_gemm.linear: weight must be on x's device ({x.device}), got {weight.device}")
     torch._check(
         x.shape[-1] == weight.shape[1] * 2,
         lambda: f"nvfp4_gemm.linear: x.shape[-1] must be K = {weight.shape[1] * 2}, got {x.shape[-1]}",
     )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("nvfp4_gemm::_input_scales")
+def _input_scales_fake(x, weight_scale_2, input_scale=None):
+    torch._check(x.dim() == 2, lambda: f"nvfp4_gemm._input_scales: x must be 2-D [rows, K], got {x.dim()}-D")
+    return x.new_empty((3,), dtype=torch.float32)

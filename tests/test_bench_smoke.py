@@ -1,7 +1,7 @@
 """The GPU benchmarks' logic, run on the CPU: benchmarks/bench_mm.py and benchmarks/bench_model.py in --smoke
 mode (tiny shapes, wall clock, no CUDA graphs), each in a subprocess as a user runs it, then their JSON and
 printed tables checked against figures recomputed here (operand-set counts, ratios, target verdicts) and
-their outputs against the float reference. Each script takes ~5-20 s on a 2-core machine."""
+their outputs against the float reference; bench_linear_host.py's table. Each script takes ~5-20 s on a 2-core machine."""
 from __future__ import annotations
 
 import json
@@ -238,3 +238,19 @@ def test_bench_methods_smoke(tmp_path):
     assert math.isclose(data["mse_over_rtn"], ratio, rel_tol=1e-12)
     check_verdict(ratio, data["target"], data["verdict"])
     assert f"mse / rtn = {ratio:.2f}" in proc.stdout
+
+
+def test_bench_linear_host_smoke():
+    """benchmarks/bench_linear_host.py on the CPU: a row per variant and bias, ratios to F.linear's time."""
+    proc = run_script("bench_linear_host.py", "--device", "cpu", "--k", "64", "--calls", "3", "--replays", "1")
+    assert_ran(proc)
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("F.linear", "nn.Linear", "NVFP4Linear", "  torch.ops"))]
+    names = [" ".join(r[:-2]) for r in rows]  # name, bias (no launch count on the CPU)
+    expected = ["F.linear", "nn.Linear"] + [v for mode in ("dynamic", "static", "weight_only")
+                                            for v in (f"NVFP4Linear {mode}", f"torch.ops.nvfp4_gemm.linear {mode}")]
+    assert names == [f"{n} {bias}" for bias in ("False", "True") for n in expected], names
+    for i, r in enumerate(rows):
+        us, ratio = float(r[-2]), float(r[-1].rstrip("x"))
+        ref = float(rows[0 if i < len(expected) else len(expected)][-2])  # F.linear's row, same bias
+        assert us > 0 and math.isclose(ratio, us / ref, abs_tol=0.006 + 0.01 * us / ref), (r, ref)

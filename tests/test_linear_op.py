@@ -54,7 +54,7 @@ def composed(x, layer, mode, input_scale=None):
         a = dict(a=packed, sfa=sf)
     if layer["bias"] is not None:
         y = (y + layer["bias"].to(F32)).to(x.dtype)
-    return y.reshape(*x.shape[:-1], -1), a
+    return y.reshape(*x.shape[:-1], y.shape[-1]), a
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -153,3 +153,169 @@ def test_linear_compiles_fullgraph(backend):
         return torch.relu(call(x, layer, "dynamic")) + call(x, layer, "weight_only")
 
     assert torch.equal(f(x), torch.relu(call(x, layer, "dynamic")) + call(x, layer, "weight_only"))
+
+
+# ---- the input scales: one native step (one CUDA launch) in place of ~12 ATen ops --------------------------------
+
+def composite_scales(x: torch.Tensor, weight_scale_2: torch.Tensor, input_scale=None) -> torch.Tensor:
+    """[encode, decode, alpha] through the ATen ops nvfp4_gemm.linear used to issue, on x's device: the
+    reference nvfp4_gemm._input_scales must equal bit for bit."""
+    if input_scale is not None:
+        decode = input_scale.reshape(1)
+        encode = torch.reciprocal(decode)
+    else:
+        encode = global_encode_scale(finite_amax(x))
+        decode = torch.reciprocal(encode)
+    return torch.cat([encode, decode, decode * weight_scale_2.reshape(1)])
+
+
+def scale_cases(dtype, device) -> dict:
+    """x [rows, K] on `device` per case (one a strided view)."""
+    big = torch.finfo(dtype).max
+    # The smallest subnormal of fp16 / bf16, a subnormal fp32: for bf16 and fp32, 2688 / it overflows fp32
+    # (encode clamps to the largest finite float, decode is subnormal).
+    tiny = {F16: 2.0**-24, BF16: 2.0**-133, F32: 2.0**-130}[dtype]
+
+    def rand(rows, k, seed, scale=3.0):
+        return make_x((rows, k), dtype, "cpu", seed) * scale
+
+    cases = {}
+    cases["random"] = rand(37, 96, 1)
+    x = rand(29, 64, 2)
+    x[3, 7], x[11, 0], x[28, 63] = float("nan"), float("inf"), -float("inf")
+    x[17, 33] = 1000.0  # the finite max, among NaN and inf that must not win
+    cases["nan_inf"] = x
+    cases["all_zero"] = torch.zeros(5, 32, dtype=dtype)
+    cases["negative_zero"] = torch.full((4, 32), -0.0, dtype=dtype)
+    cases["only_nan_inf"] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")] * 16,
+                                         dtype=dtype).reshape(2, 32)
+    x = torch.zeros(7, 64, dtype=dtype)
+    x[6, 63] = -tiny
+    cases["tiny_amax"] = x
+    x = rand(9, 32, 3)
+    x[4, 5] = -big  # the dtype's largest finite value (fp32: 1 / amax is subnormal)
+    cases["huge_amax"] = x
+    cases["empty_batch"] = torch.zeros(0, 64, dtype=dtype)
+    cases["one_row"] = rand(1, 160, 4)
+    # Many blocks on a GPU (more work than one wave of the grid: blocks loop), max in the last element.
+    x = rand(1031, 1024, 5, scale=0.5)
+    x[-1, -1] = 7.25
+    cases["many_blocks"] = x
+    # Rows further apart than K (a column slice): the kernel's strided-row path, max in the last row.
+    x = rand(40, 256, 6)
+    x[-1, 191] = -50.0
+    cases = {name: t.to(device) for name, t in cases.items()}
+    cases["strided_rows"] = x.to(device)[:, 64:192]
+    assert cases["strided_rows"].stride() == (256, 1)
+    return cases
+
+
+def devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
+def test_input_scales_equal_the_composite_bitwise(device, dtype):
+    g = torch.Generator().manual_seed(zlib.crc32(f"scales-{dtype}".encode()))
+    for name, x in scale_cases(dtype, device).items():
+        ws2 = (torch.rand(1, generator=g) * 2.0 ** torch.randint(-20, 0, (1,), generator=g)).to(device)
+        for input_scale in (None, (torch.rand(1, generator=g) * 0.01 + 1e-4).to(device)):
+            got = torch.ops.nvfp4_gemm._input_scales(x, ws2, input_scale)
+            want = composite_scales(x, ws2, input_scale)
+            assert got.dtype == F32 and got.shape == (3,) and got.device == x.device
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (name, input_scale, got, want)
+            if device == "cuda":  # and the host recipe gives the same bits
+                cpu = torch.ops.nvfp4_gemm._input_scales(x.cpu(), ws2.cpu(), None if input_scale is None else
+                                                         input_scale.cpu())
+                assert torch.equal(got.cpu().view(torch.int32), cpu.view(torch.int32)), (name, input_scale)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_input_scales_reduction_state_resets_itself():
+    """The dynamic kernel's grid reduction keeps its state in a slot per (device, stream, capture) that every
+    launch leaves zeroed (no memset launch). A slot left dirty would make the next launch's last block never
+    recognise itself: back-to-back launches of different grid sizes, two streams, and launches recorded in two
+    CUDA graphs replayed between eager ones must all give the composite's bits."""
+    ws2 = torch.full((1,), 0.37, device="cuda")
+    xs = [make_x((rows, 256), BF16, "cuda", 100 + rows) * (rows % 7 + 1) for rows in (1, 700, 3, 2049, 64)]
+
+    def check(x, got, what):
+        want = composite_scales(x, ws2)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (what, got, want)
+
+    for rep in range(3):
+        for x in xs:
+            check(x, torch.ops.nvfp4_gemm._input_scales(x, ws2), f"eager {rep} rows={x.shape[0]}")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got_side = [torch.ops.nvfp4_gemm._input_scales(x, ws2) for x in xs]
+    got_main = [torch.ops.nvfp4_gemm._input_scales(x, ws2) for x in reversed(xs)]
+    torch.cuda.synchronize()
+    for x, got in zip(xs, got_side):
+        check(x, got, f"side stream rows={x.shape[0]}")
+    for x, got in zip(reversed(xs), got_main):
+        check(x, got, f"main stream rows={x.shape[0]}")
+
+    graphs, outs, statics = [], [], []
+    for i, rows in enumerate((700, 3)):
+        static_x = make_x((rows, 256), BF16, "cuda", 200 + i)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs.append(torch.ops.nvfp4_gemm._input_scales(static_x, ws2))
+        graphs.append(g)
+        statics.append(static_x)
+    for rep in range(3):
+        for i, (g, static_x, out) in enumerate(zip(graphs, statics, outs)):
+            static_x.copy_(make_x(static_x.shape, BF16, "cuda", 300 + 10 * rep + i) * (rep + 1))
+            g.replay()
+            check(static_x, out, f"graph {i} replay {rep}")
+            check(xs[1], torch.ops.nvfp4_gemm._input_scales(xs[1], ws2), f"eager after graph {i} replay {rep}")
+
+
+@pytest.mark.parametrize("mode", ("dynamic", "static"))
+def test_linear_with_extreme_inputs_equals_composed_ops(backend, mode):
+    """The cases that exercise the scale arithmetic's edges, end to end through linear."""
+    _, device = backend
+    input_scale = torch.full((1,), 0.013, device=device)
+    for name, x in scale_cases(BF16, device).items():
+        if name == "many_blocks":
+            continue  # the GEMM of the rest is enough; this one is about the reduction alone
+        layer = make_layer(64, x.shape[1], device, 21, bias_dtype=BF16)
+        y = call(x, layer, mode, input_scale)
+        ref, _ = composed(x, layer, mode, input_scale)
+        assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), (name, mode)
+
+
+def test_linear_float64_bias(backend):
+    """A bias wider than float32 is rounded to float32 before it joins the fp32 result."""
+    _, device = backend
+    layer = make_layer(64, 96, device, 22, bias_dtype=torch.float64)
+    x = make_x((5, 96), F16, device, 23)
+    for mode in MODES:
+        y = call(x, layer, mode, torch.full((1,), 0.01, device=device))
+        ref, _ = composed(x, layer, mode, torch.full((1,), 0.01, device=device))
+        assert y.dtype == F16 and torch.equal(y, ref), mode
+
+
+def test_input_scales_errors():
+    x = torch.zeros(2, 32)
+    ws2 = torch.ones(1)
+    with pytest.raises(RuntimeError, match=re.escape("_input_scales: x must be 2-D [rows, K], got shape [32]")):
+        torch.ops.nvfp4_gemm._input_scales(x[0], ws2)
+    with pytest.raises(RuntimeError, match=re.escape("_input_scales: K = x.shape[1] must be a multiple of 16, got 24")):
+        torch.ops.nvfp4_gemm._input_scales(torch.zeros(2, 24), ws2)
+    with pytest.raises(RuntimeError, match=re.escape("_input_scales: weight_scale_2 must be float32, got Double")):
+        torch.ops.nvfp4_gemm._input_scales(x, ws2.double())
+    with pytest.raises(RuntimeError, match=re.escape("_input_scales: input_scale must hold exactly one value, got shape [2]")):
+        torch.ops.nvfp4_gemm._input_scales(x, ws2, torch.ones(2))
+
+
+@pytest.mark.parametrize("static", (False, True), ids=("dynamic", "static"))
+def test_input_scales_opcheck(backend, static):
+    _, device = backend
+    x = make_x((7, 64), BF16, device, 24)
+    torch.library.opcheck(torch.ops.nvfp4_gemm._input_scales.default,
+                          (x, torch.full((1,), 0.5, device=device),
+                           torch.full((1,), 0.002, device=device) if static else None))

@@ -30,13 +30,20 @@ constexpr int kItems = 2;
 template <InDtype D, typename Index>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
                                                             int64_t rows, int64_t k, Index half_items,
-                                                            const float* __restrict__ global_scale,
-                                                            uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
+                                                            GlobalScale scale, uint8_t* __restrict__ packed,
+                                                            uint8_t* __restrict__ sf) {
   constexpr int kLoads = kSfVecSize * Elem<D>::kBytes / 16;  // 16-byte loads per block
   static_assert(kLoads == 2 || kLoads == 4, "a 16-element block is 32 (16-bit) or 64 (fp32) bytes");
   const int64_t sf_cols = k / kSfVecSize;
   const Index blocks_per_row = static_cast<Index>(round_up(sf_cols, kSfAtomCols));
-  const float gs = global_scale != nullptr ? __ldg(global_scale) : 1.0f;
+  float gs = scale.encode != nullptr ? __ldg(scale.encode) : 1.0f;
+  if (scale.decode != nullptr) {
+    const float decode = __ldg(scale.decode);
+    gs = static_encode_scale(decode);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *scale.alpha_out = static_input_scales(decode, __ldg(scale.weight_scale_2)).alpha;
+    }
+  }
 
   int64_t r[kItems], s[kItems];
   bool live[kItems];
@@ -75,8 +82,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
 }
 
 template <InDtype D>
-bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* gs, uint8_t* packed, uint8_t* sf,
-            cudaStream_t stream, char* err, size_t err_len) {
+bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const GlobalScale& gs, uint8_t* packed,
+            uint8_t* sf, cudaStream_t stream, char* err, size_t err_len) {
   // A multiple of 128 * 4 = 512 = kItems * kThreads: no partial thread block.
   const int64_t items = round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols);
   const int64_t half_items = items / kItems;
@@ -108,7 +115,7 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* g
 
 }  // namespace
 
-bool quantize_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const float* global_scale,
+bool quantize_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const GlobalScale& global_scale,
                    uint8_t* packed, uint8_t* sf, cudaStream_t stream, char* err, size_t err_len) {
   switch (dtype) {
     case InDtype::kFloat32:

@@ -73,6 +73,43 @@ NVFP4_HD float div_rn(float a, float b) {
 #endif
 }
 
+NVFP4_HD float rcp_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(a);
+#else
+  return 1.0f / a;
+#endif
+}
+
+// The per-tensor scales of an input that nvfp4_gemm::linear quantizes: the ENCODE scale gs given to the
+// block recipe below, its reciprocal the DECODE scale, and the GEMM's alpha = decode * weight_scale_2.
+// Each step is one IEEE fp32 operation, the one the ATen op it stands for performs (torch's reciprocal is
+// 1 / x; Python's `2688.0 / t` is reciprocal(t) * 2688), so these are nvfp4_gemm.quantize's
+// global_encode_scale and the products formed from it, bit for bit.
+struct InputScales {
+  float encode, decode, alpha;
+};
+
+// Dynamic: from the finite amax of the input (>= 0, never NaN): encode = 2688 / amax, clamped to the
+// largest finite float (a tiny amax), or 1 when amax = 0 (all zeros, or nothing finite).
+NVFP4_HD InputScales dynamic_input_scales(float amax, float weight_scale_2) {
+  constexpr float kMaxFinite = 3.40282346638528859812e+38f;
+  float encode = 1.0f;
+  if (amax > 0.0f) {
+    encode = mul_rn(rcp_rn(amax), 6.0f * 448.0f);
+    encode = encode > kMaxFinite ? kMaxFinite : encode;
+  }
+  const float decode = rcp_rn(encode);
+  return {encode, decode, mul_rn(decode, weight_scale_2)};
+}
+
+// Static: from a calibrated DECODE scale.
+NVFP4_HD float static_encode_scale(float input_scale) { return rcp_rn(input_scale); }
+
+NVFP4_HD InputScales static_input_scales(float input_scale, float weight_scale_2) {
+  return {static_encode_scale(input_scale), input_scale, mul_rn(input_scale, weight_scale_2)};
+}
+
 // fp32 -> float8_e4m3fn bits: round to nearest even, saturating at +-448 (inf included), NaN -> 0x7F.
 NVFP4_HD uint8_t e4m3_rn_sat(float v) {
   const uint32_t bits = float_bits(v);

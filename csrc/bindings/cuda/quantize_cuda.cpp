@@ -29,7 +29,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x_in, const s
   const quant::InDtype dt = x.scalar_type() == at::kFloat  ? quant::InDtype::kFloat32
                             : x.scalar_type() == at::kHalf ? quant::InDtype::kFloat16
                                                            : quant::InDtype::kBFloat16;
-  const float* gs = global_scale.has_value() ? global_scale->data_ptr<float>() : nullptr;
+  quant::GlobalScale gs;
+  gs.encode = global_scale.has_value() ? global_scale->data_ptr<float>() : nullptr;
   char err[512] = {0};
   const bool ok = quant::quantize_cuda(x.data_ptr(), dt, s.rows, s.k, s.rows > 1 ? x.stride(0) : s.k, gs,
                                        packed.data_ptr<uint8_t>(), static_cast<uint8_t*>(sf.data_ptr()),
