@@ -217,7 +217,8 @@ def quantize_all(targets, method, hessians, options) -> tuple[dict, float]:
 
 def quantize_through_model_api(model, calib_ids, seq_len, mode, method) -> tuple[nn.Module, float]:
     """A copy of model quantized by nvfp4_gemm.quantize_model itself (what a user calls): weight_only= and
-    method= as given; calibrate (the calibration text) for static scales and GPTQ's Hessians, which
+    method= as given; calibrate (the calibration text) for static scales, mse's column weights (diag(H) of
+    one pass over the float model) and GPTQ's Hessians, which
     quantize_model accumulates block by block with the earlier blocks already quantized (sequential GPTQ).
     A dynamic GPTQ model is calibrated like a static one, then its layers are switched to dynamic scales."""
     q = copy.deepcopy(model)
@@ -228,7 +229,7 @@ def quantize_through_model_api(model, calib_ids, seq_len, mode, method) -> tuple
             m(w.to(device).unsqueeze(0))
 
     kwargs = {"weight_only": mode == "weight-only", "method": method, "progress": False}
-    if mode == "static" or method == "gptq":
+    if mode == "static" or method in ("gptq", "mse"):  # mse weighs its columns by the calibration inputs
         kwargs["calibrate"] = calibrate
     t0 = time.perf_counter()
     nvfp4_gemm.quantize_model(q, **kwargs)

@@ -114,13 +114,17 @@ class HessianAccumulator:
     add(x [..., K]) runs on x's device without a host sync (usable inside a forward hook); rows holding a
     NaN or inf are left out (they would poison every entry of H) and not counted. hessian() -> [K, K] float32.
     The running sum is kept in float32 (K^2 values: one layer's Hessian at a time is the intended use).
+    diagonal=True keeps only diag(H) = 2/n sum_i x_i^2 (K values; what "mse" weighs its columns by), and
+    hessian() then returns [K].
     """
 
-    def __init__(self, in_features: int, device: torch.device | str | None = None) -> None:
+    def __init__(self, in_features: int, device: torch.device | str | None = None, *, diagonal: bool = False) -> None:
         if in_features <= 0:
             raise ValueError(f"HessianAccumulator: in_features must be positive, got {in_features}")
         self.in_features = in_features
-        self._sum = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self.diagonal = diagonal
+        shape = (in_features,) if diagonal else (in_features, in_features)
+        self._sum = torch.zeros(shape, dtype=torch.float32, device=device)
         self._rows = torch.zeros((), dtype=torch.float64, device=device)
 
     def add(self, x: torch.Tensor) -> None:
@@ -130,7 +134,10 @@ class HessianAccumulator:
         x = x.detach().reshape(-1, self.in_features).to(device=self._sum.device, dtype=torch.float32)
         finite = torch.isfinite(x).all(dim=1, keepdim=True)
         x = torch.where(finite, x, torch.zeros_like(x))
-        self._sum.addmm_(x.T, x)
+        if self.diagonal:
+            self._sum += (x * x).sum(dim=0)
+        else:
+            self._sum.addmm_(x.T, x)
         self._rows += finite.sum()
 
     @property
@@ -138,7 +145,7 @@ class HessianAccumulator:
         return int(self._rows.item())
 
     def hessian(self) -> torch.Tensor:
-        """2/n * sum x x^T (all zeros before any row was added)."""
+        """2/n * sum x x^T, or its diagonal [K] (all zeros before any row was added)."""
         return self._sum * (2.0 / self._rows.clamp(min=1)).to(torch.float32)
 
 

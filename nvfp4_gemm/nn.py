@@ -367,7 +367,9 @@ def quantize_model(
     weight_only: W4A16 layers (activations stay float; module docstring).
     calibrate: a callable run as calibrate(model) under no_grad, feeding the model representative inputs.
         W4A4: each swapped layer gets a static input scale from the largest finite |input| it saw (without
-        calibrate, input scales are dynamic). Not used by weight-only "rtn" / "mse" (an error to pass it).
+        calibrate, input scales are dynamic). "mse" also takes each layer's diag(H) from the same pass and
+        weighs each weight column's squared error by it (with weight_only too); weight-only "rtn" has no use
+        for it (an error to pass it).
     method: "rtn", "mse" or "gptq" (NVFP4Linear.from_linear). "gptq" needs calibrate: the layers are
         quantized group by group (the layers of one numbered block such as model.layers.3, split so that
         their fp32 [K, K] Hessians stay under 2 GiB), each group after a calibrate(model) pass that
@@ -384,9 +386,9 @@ def quantize_model(
     _check_method(method)
     if method == "gptq" and calibrate is None:
         raise ValueError("quantize_model: method='gptq' needs calibrate (the Hessians come from the layers' inputs)")
-    if weight_only and calibrate is not None and method != "gptq":
+    if weight_only and calibrate is not None and method == "rtn":
         raise ValueError("quantize_model: calibrate sets static input scales, which weight_only layers do not have; "
-                         "pass calibrate=None (it is only used with weight_only for method='gptq')")
+                         "pass calibrate=None (with weight_only it is only used by method='mse' and 'gptq')")
 
     def say(msg: str) -> None:
         log.info(msg)
@@ -439,6 +441,14 @@ def quantize_model(
                                      f"layer's inputs (leave such layers out with filter=)")
                 for name, mod in group:
                     swap(name, mod, amax.get(name), hessians.pop(name).hessian())
+        elif method == "mse" and calibrate is not None:
+            # One calibrate pass gives every layer's diag(H) (K values each): mse then weighs each column's
+            # squared error by the mean square of its input (methods.quantize_weight).
+            accumulator = _methods_module().HessianAccumulator
+            diags = {name: accumulator(mod.in_features, mod.weight.device, diagonal=True) for name, mod in targets}
+            amax, seen = _calibrate(model, targets, calibrate, static, diags)
+            for name, mod in targets:
+                swap(name, mod, amax.get(name), diags.pop(name).hessian() if name in seen else None)
         else:
             amax = _calibrate(model, targets, calibrate, True, None)[0] if static else {}
             for name, mod in targets:

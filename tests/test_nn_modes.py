@@ -212,8 +212,9 @@ class _FakeMethods(types.ModuleType):
         fake = self
 
         class HessianAccumulator:
-            def __init__(self, in_features, device):
+            def __init__(self, in_features, device, diagonal=False):
                 self.h = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
+                self.diagonal = diagonal
                 fake.live += 1
                 fake.max_live = max(fake.max_live, fake.live)
 
@@ -223,7 +224,7 @@ class _FakeMethods(types.ModuleType):
 
             def hessian(self):
                 fake.live -= 1
-                return self.h.float()
+                return (torch.diagonal(self.h) if self.diagonal else self.h).float()
 
         self.HessianAccumulator = HessianAccumulator
 
@@ -349,3 +350,40 @@ def test_gptq_beats_rtn_on_its_calibration_data(weight_only):
                            calibrate=calibrate)
         err[method] = float((q(x) - ref).norm() / ref.norm())
     assert err["gptq"] < (0.6 if weight_only else 0.9) * err["rtn"], err
+
+
+@pytest.mark.parametrize("weight_only", (False, True), ids=("w4a4", "weight_only"))
+def test_mse_with_calibrate_weighs_columns_by_the_inputs(fake_methods, weight_only):
+    """quantize_model(method="mse", calibrate=...): one calibrate pass over the float model gives every layer
+    the diagonal of its inputs' second moment, which mse weighs each column's error by."""
+    torch.manual_seed(case_seed("mse-diag", weight_only))
+    net = Blocks()
+    x = torch.randn(5, 32)
+    runs = []
+
+    def calibrate(model):
+        runs.append(sum(isinstance(m, NVFP4Linear) for m in model.modules()))
+        model(x)
+
+    quantize_model(net, calibrate=calibrate, method="mse", weight_only=weight_only, progress=False)
+    assert runs == [0]  # one pass, before any layer was swapped
+    assert [c["method"] for c in fake_methods.calls] == ["mse"] * 7 and fake_methods.live == 0
+    first = fake_methods.calls[0]
+    torch.testing.assert_close(first["hessian"], (x * x).sum(0).float(), rtol=1e-5, atol=1e-5)
+    assert all(c["hessian"].shape == (c["w"].shape[1],) for c in fake_methods.calls)
+    assert all(m.weight_only == weight_only and m.static_input_scale != weight_only
+               for m in net.modules() if isinstance(m, NVFP4Linear))
+
+
+def test_diagonal_hessian_accumulator_is_the_full_ones_diagonal():
+    from nvfp4_gemm.methods import HessianAccumulator
+
+    torch.manual_seed(case_seed("diag-acc"))
+    full, diag = HessianAccumulator(48), HessianAccumulator(48, diagonal=True)
+    for rows in (7, 1, 30):
+        x = torch.randn(rows, 48) * 3
+        x[0, 5] = float("nan") if rows == 7 else x[0, 5]  # a non-finite row is left out of both
+        full.add(x)
+        diag.add(x)
+    assert diag.hessian().shape == (48,)
+    torch.testing.assert_close(diag.hessian(), torch.diagonal(full.hessian()), rtol=1e-5, atol=1e-6)
