@@ -185,6 +185,13 @@ __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* 
   }
 }
 
+// One word of packed A (8 codes) staged for the MMA: its four decode_word outputs times the group's scale
+// (already times 2^7) and another 2^7, i.e. e2m1 * e4m3 exactly in fp16 (see the numerics note above).
+__device__ __forceinline__ uint4 decode_a_word(uint32_t w, __half2 sc, __half2 fold) {
+  return make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<1>(w), sc), fold),
+                    hmul2_u32(hmul2_u32(decode_word<2>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<3>(w), sc), fold));
+}
+
 template <typename T>
 __device__ __forceinline__ void store_small(const SmallMParams& p, int token, int col, float v) {
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
@@ -265,11 +272,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           const __half2 sc = w < 2 ? s_lo : s_hi;  // words 0, 1: group 2 c; words 2, 3: group 2 c + 1
-          *reinterpret_cast<uint4*>(dst + w * 16) =
-              make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(words[w]), sc), fold),
-                         hmul2_u32(hmul2_u32(decode_word<1>(words[w]), sc), fold),
-                         hmul2_u32(hmul2_u32(decode_word<2>(words[w]), sc), fold),
-                         hmul2_u32(hmul2_u32(decode_word<3>(words[w]), sc), fold));
+          *reinterpret_cast<uint4*>(dst + w * 16) = decode_a_word(words[w], sc, fold);
         }
       }
     }
@@ -315,10 +318,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
         uint8_t* dst = smem + ((blk * TOKENS + ts[b]) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64 + grp * 32;
 #pragma unroll
         for (int v = 0; v < 2; ++v)
-          *reinterpret_cast<uint4*>(dst + v * 16) = make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w[v]), sc), fold),
-                                                               hmul2_u32(hmul2_u32(decode_word<1>(w[v]), sc), fold),
-                                                               hmul2_u32(hmul2_u32(decode_word<2>(w[v]), sc), fold),
-                                                               hmul2_u32(hmul2_u32(decode_word<3>(w[v]), sc), fold));
+          *reinterpret_cast<uint4*>(dst + v * 16) = decode_a_word(w[v], sc, fold);
       }
     }
   };
