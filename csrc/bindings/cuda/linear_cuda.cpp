@@ -60,7 +60,11 @@ at::Tensor input_scales_op_cuda(const at::Tensor& x_in, const at::Tensor& weight
                                 const std::optional<at::Tensor>& input_scale) {
   check_input_scales_inputs(x_in, weight_scale_2, input_scale);
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::Tensor x = with_16_byte_rows(x_in);  // the kernel reads 16-byte chunks
+  at::Tensor x = x_in;
+  const int64_t esize = static_cast<int64_t>(x.element_size());
+  const bool aligned = x.stride(1) == 1 && (x.size(0) <= 1 || (x.stride(0) * esize) % 16 == 0) &&
+                       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  if (!aligned) x = x.clone(at::MemoryFormat::Contiguous);
   at::Tensor out = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
   launch_input_scales(x, weight_scale_2, input_scale, out, at::cuda::getCurrentCUDAStream());
   return out;

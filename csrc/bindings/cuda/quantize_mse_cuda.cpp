@@ -19,7 +19,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_mse_cuda(const at::Tenso
   const c10::cuda::CUDAGuard guard(x_in.device());
   auto [packed, scale, error] = empty_quantize_mse_outputs(x_in, s, with_error);
   if (s.rows == 0) return {packed, scale, error};
-  const at::Tensor x = with_16_byte_rows(x_in);  // the kernel reads 16-byte chunks
+  // The kernel reads 16-byte chunks: unit stride along K, 16-byte aligned rows and base. Anything else is
+  // copied once (a fresh allocation is 16-byte aligned).
+  at::Tensor x = x_in;
+  const int64_t esize = static_cast<int64_t>(x.element_size());
+  const auto aligned = [&](const at::Tensor& t) {
+    return t.stride(1) == 1 && (s.rows == 1 || (t.stride(0) * esize) % 16 == 0) &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  if (!aligned(x)) x = x.contiguous();
+  if (!aligned(x)) x = x.clone(at::MemoryFormat::Contiguous);
   // The kernel reads the weights of a block's 16 columns as four 16-byte loads.
   at::Tensor w;
   if (column_weight.has_value()) {
