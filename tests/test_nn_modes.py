@@ -271,18 +271,25 @@ class Blocks(nn.Module):
         return self.head(x)
 
 
+def counting_calibrate(*inputs):
+    """A calibrate callable feeding the model each of `inputs`, and the list in which it records, per pass,
+    how many layers were already NVFP4Linear."""
+    runs = []
+
+    def calibrate(model):
+        runs.append(sum(isinstance(m, NVFP4Linear) for m in model.modules()))
+        for x in inputs:
+            model(x)
+
+    return calibrate, runs
+
+
 @pytest.mark.parametrize("weight_only", (False, True), ids=("w4a4", "weight_only"))
 def test_gptq_calibrates_group_by_group(fake_methods, weight_only):
     torch.manual_seed(case_seed("gptq", weight_only))
     net = Blocks()
     x = torch.randn(5, 32)
-    runs = []
-
-    def calibrate(model):
-        runs.append(sum(isinstance(m, NVFP4Linear) for m in model.modules()))
-        model(x)
-        model(2 * x)
-
+    calibrate, runs = counting_calibrate(x, 2 * x)
     quantize_model(net, calibrate=calibrate, method="gptq", weight_only=weight_only, progress=False)
     # One pass per group; each pass sees the groups before it already quantized (sequential GPTQ).
     assert runs == [0, 3, 6]
@@ -359,12 +366,7 @@ def test_mse_with_calibrate_weighs_columns_by_the_inputs(fake_methods, weight_on
     torch.manual_seed(case_seed("mse-diag", weight_only))
     net = Blocks()
     x = torch.randn(5, 32)
-    runs = []
-
-    def calibrate(model):
-        runs.append(sum(isinstance(m, NVFP4Linear) for m in model.modules()))
-        model(x)
-
+    calibrate, runs = counting_calibrate(x)
     quantize_model(net, calibrate=calibrate, method="mse", weight_only=weight_only, progress=False)
     assert runs == [0]  # one pass, before any layer was swapped
     assert [c["method"] for c in fake_methods.calls] == ["mse"] * 7 and fake_methods.live == 0
