@@ -31,8 +31,9 @@ from nvfp4_gemm import NVFP4Linear  # noqa: E402
 MODES = ("dynamic", "static", "weight_only")
 
 
-def launches(fn) -> int | None:
-    if not torch.cuda.is_available():
+def launches(fn, device: torch.device) -> int | None:
+    """CUDA kernels one call of fn launches (None for a CPU device: nothing to count)."""
+    if device.type != "cuda":
         return None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -77,15 +78,15 @@ def main() -> None:
     for bias in (False, True):
         lin = nn.Linear(k, n, bias=bias).to(device=device, dtype=dtype)
         ref = host_us(lambda: F.linear(x, lin.weight, lin.bias))
-        rows = [("F.linear", ref, launches(lambda: F.linear(x, lin.weight, lin.bias))),
-                ("nn.Linear", host_us(lambda: lin(x)), launches(lambda: lin(x)))]
+        rows = [("F.linear", ref, launches(lambda: F.linear(x, lin.weight, lin.bias), device)),
+                ("nn.Linear", host_us(lambda: lin(x)), launches(lambda: lin(x), device))]
         for mode in MODES:
             layer = NVFP4Linear.from_linear(lin, weight_only=mode == "weight_only",
                                             input_amax=20.0 if mode == "static" else None)
             op = torch.ops.nvfp4_gemm.linear.default
             args_ = (x, layer.weight, layer.weight_scale, layer.weight_scale_2, layer.input_scale, layer.bias,
                      layer.weight_only)
-            rows.append((f"NVFP4Linear {mode}", host_us(lambda: layer(x)), launches(lambda: layer(x))))
+            rows.append((f"NVFP4Linear {mode}", host_us(lambda: layer(x)), launches(lambda: layer(x), device)))
             rows.append((f"  torch.ops.nvfp4_gemm.linear {mode}", host_us(lambda: op(*args_)), None))
         for name, us, nl in rows:
             print(f"{name:<34} {str(bias):>5} {us:>16.2f} {us / ref:>11.2f}x {'' if nl is None else nl:>9}")

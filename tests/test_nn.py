@@ -162,7 +162,9 @@ def test_from_linear_argument_errors():
 def test_forward_matches_float64_reference(backend, mode, dtype, bias):
     """y against float64 math on torchao-quantized operands: W4A4 quantizes x with the static (2^-7) or
     dynamic (amax 2688 * 2^-8) decode scale; weight-only multiplies x as given."""
-    _, device = backend
+    name, device = backend
+    if mode == "weight_only" and dtype == torch.float32 and name in ("sm90", "sm100"):
+        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
     k, n = 96, 40
     seed = case_seed("forward", mode, dtype, bias)
     lin = make_linear(k, n, bias, dtype, seed)
