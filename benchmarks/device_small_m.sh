@@ -1,0 +1,28 @@
+#!/bin/bash
+# One H100 call for a small-M kernel change: clean build for sm_90a, the suites that run it (sm90 small-M
+# sweep and cluster / workspace agreement, weight-only, the linear op and its launch counts, graphs and
+# streams), then benchmarks/diagnostics/small_m_chain.py (the 8B stack's shapes at M = 1 and 16).
+#   bash benchmarks/device_small_m.sh        (repo root; wheels in .whl/)
+set -o pipefail
+OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+export NVFP4_GEMM_CUDA_ARCHS=${NVFP4_GEMM_CUDA_ARCHS:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
+step() { echo "== $1 ($(date +%T))"; }
+
+step build
+rm -rf build nvfp4_gemm/*.so
+(time python3 setup.py build_ext --inplace) > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+grep -E "^real" "$OUT/build.log"
+
+step tests
+timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest -q -rs -p no:cacheprovider tests/test_sm90.py tests/test_sm90_weight_only.py \
+  tests/test_linear_op.py tests/test_linear_launches.py tests/test_op.py tests/test_mm.py -x > "$OUT/pytest.log" 2>&1
+echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed|Error" "$OUT/pytest.log" | tail -12
+
+step small_m_chain
+timeout ${CHAIN_TIMEOUT:-200} python3 benchmarks/diagnostics/small_m_chain.py --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0,4,8} \
+  2>&1 | grep -v -i warn | tee "$OUT/chain.log"

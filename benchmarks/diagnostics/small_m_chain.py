@@ -1,0 +1,92 @@
+"""The small-M kernel as a decoder calls it: per-call time of R back-to-back calls in one CUDA graph (distinct
+weights > 3x L2), for the 8B stack's four linear shapes at a few token counts, against the read floor of the
+same bytes and humming W4A16; each split count forced in turn; and the kernels a call runs (torch.profiler
+over one replay), to separate kernel time from the gaps between kernels.
+
+    python benchmarks/diagnostics/small_m_chain.py [--m 1,16] [--splits 0,1,2,4,8,16] [--shapes NxK,...]
+"auto-workspace": automatic splits with the cluster reduction turned off (the workspace mode).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import nvfp4_gemm  # noqa: E402
+from _timing import Reader, Timer, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
+from bench_mm import make_set, read_bytes, weight_bytes  # noqa: E402
+
+SHAPES_8B = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+
+
+def kernels_per_call(calls) -> dict:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in calls:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [f() for f in calls]  # noqa: F841
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    per = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name.split("<")[0][:40]] += e.device_time_total / len(calls)
+    return dict(per)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="1,16")
+    ap.add_argument("--splits", default="0,1,2,4,8,16", help="0: automatic")
+    ap.add_argument("--shapes", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    timer, reader, l2 = Timer(dev, 20), Reader(dev), l2_bytes(dev, None)
+    shapes = SHAPES_8B if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    hum = humming_reason(dev) is None
+    for m in (int(v) for v in args.m.split(",")):
+        for n, k in shapes:
+            r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
+            sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
+            ours = [lambda s=s: nvfp4_gemm.mm(s["a"], s["b"], s["sfa"], s["sfb"], alpha=s["alpha"]) for s in sets]
+            line = [f"({m}, {n}, {k}) R={r}:"]
+            bufs = [reader.buffer(read_bytes(m, n, k), seed=1000 + i) for i in range(r)]
+            read = timer.graph_us([reader.call(b) for b in bufs])
+            line.append(f"read {read:.2f}")
+            del bufs
+            if hum:
+                acts = [nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16) for s in sets]
+                layers = [humming_w4a16(s["b"], s["sfb"], s["alpha"], torch.float16) for s in sets]
+                line.append(f"humming {timer.graph_us([lambda f=f, a=a: f(a) for f, a in zip(layers, acts)]):.2f}")
+                del acts, layers
+            for sp in (int(v) for v in args.splits.split(",")):
+                torch.ops.nvfp4_gemm._sm90_force_splits(sp)
+                t = timer.graph_us(ours)
+                line.append(f"{'auto' if sp == 0 else f's{sp}'} {t:.2f} ({t / read:.2f}x)")
+            torch.ops.nvfp4_gemm._sm90_force_splits(0)
+            if hasattr(torch.ops.nvfp4_gemm, "_sm90_small_m_cluster"):  # the workspace mode, same splits
+                torch.ops.nvfp4_gemm._sm90_small_m_cluster(False)
+                t = timer.graph_us(ours)
+                torch.ops.nvfp4_gemm._sm90_small_m_cluster(True)
+                line.append(f"auto-workspace {t:.2f} ({t / read:.2f}x)")
+            ks = kernels_per_call(ours)
+            line.append("kernels/call: " + ", ".join(f"{name} {t:.2f}" for name, t in ks.items()))
+            print(" ".join(line), flush=True)
+            del sets, ours
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
