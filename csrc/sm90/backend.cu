@@ -35,10 +35,7 @@ NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B)                                                        \
   extern template cudaError_t launch_small_m<T, KB, D, B, AType::kE2m1>(const SmallMLaunch&);    \
   extern template cudaError_t launch_small_m<T, KB, D, B, AType::kFloat16>(const SmallMLaunch&); \
-  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kBFloat16>(const SmallMLaunch&); \
-  extern template int small_m_max_clusters<T, KB, D, B, AType::kE2m1>(int);                     \
-  extern template int small_m_max_clusters<T, KB, D, B, AType::kFloat16>(int);                  \
-  extern template int small_m_max_clusters<T, KB, D, B, AType::kBFloat16>(int);
+  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kBFloat16>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
 
@@ -56,12 +53,6 @@ using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
    &launch_small_m<T, KB, D, B, AType::kBFloat16>},
 constexpr SmallMLaunchFn kSmallMLaunch[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
 #undef NVFP4_SM90_SMALL_M_LAUNCH
-using SmallMClustersFn = int (*)(int);
-#define NVFP4_SM90_SMALL_M_CLUSTERS(T, KB, D, B)                                                         \
-  {&small_m_max_clusters<T, KB, D, B, AType::kE2m1>, &small_m_max_clusters<T, KB, D, B, AType::kFloat16>, \
-   &small_m_max_clusters<T, KB, D, B, AType::kBFloat16>},
-constexpr SmallMClustersFn kSmallMClusters[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_CLUSTERS)};
-#undef NVFP4_SM90_SMALL_M_CLUSTERS
 static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -111,13 +102,6 @@ std::atomic<int>& forced_splits_slot() {
 }
 
 int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
-
-// Tests: whether the small-M kernel may sum its splits in a cluster (default) or always uses the workspace,
-// so that both modes can be compared on one problem (torch.ops.nvfp4_gemm._sm90_small_m_cluster).
-std::atomic<bool>& small_m_cluster_slot() {
-  static std::atomic<bool> slot{true};
-  return slot;
-}
 
 // A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
 // checked with cudaGetLastError (ours or anyone's) does not report it again.
@@ -296,13 +280,8 @@ __global__ void zero_counters_kernel(uint32_t* counters, int n) {
 // Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
 struct SmallMPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
-  bool cluster = false;  // splits summed in a (1, splits) cluster: no workspace
   int64_t partial_bytes = 0, counter_bytes = 0;
 };
-
-// The launcher column of a problem: quantize-on-the-fly runs in the e2m1 instantiation (its A is NVFP4
-// once staged).
-int small_m_a_col(const Problem& p) { return quantizes_a(p) ? 0 : static_cast<int>(p.a_type); }
 
 SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   const KernelConfig& c = kConfigs[config];
@@ -328,11 +307,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.kb = static_cast<int>(kb);
   pl.splits = static_cast<int>(splits);
   pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(c.tokens, 1)} * kb, int64_t{1} << 30));
-  // The cluster mode where the splits make a portable cluster and a wave holds every row block's cluster
-  // (a second wave would wait behind the first); the workspace mode otherwise.
-  pl.cluster = splits >= 2 && splits <= kSmallMMaxCluster && small_m_cluster_slot().load(std::memory_order_relaxed) &&
-               pl.row_blocks <= kSmallMClusters[config - kNumWgmma][small_m_a_col(p)](static_cast<int>(splits));
-  if (splits > 1 && !pl.cluster) {
+  if (splits > 1) {
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
@@ -370,7 +345,6 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.kblocks = pl.kblocks;
   sp.kb_per_cta = pl.kb;
   sp.splits = pl.splits;
-  sp.cluster = pl.cluster;
   sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
   sp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
@@ -383,7 +357,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
-    if (sp.splits > 1 && !sp.cluster) {  // the kernel overlaps this one (programmatic dependent launch)
+    if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
       zero_counters_kernel<<<1, 256, 0, stream>>>(sp.counters, pl.row_blocks);
       if (const cudaError_t z = cudaGetLastError(); z != cudaSuccess) {  // read once: this also clears it
         if (err && err_len)
@@ -392,11 +366,13 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
         return false;
       }
     }
-    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][small_m_a_col(*p)](l));
+    // Quantize-on-the-fly runs in the e2m1 instantiation (its A is NVFP4 once staged).
+    const int a_col = quantizes_a(*p) ? 0 : static_cast<int>(p->a_type);
+    if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][a_col](l));
         e != cudaSuccess) {
       if (err && err_len)
-        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d%s, %d bytes of shared memory): %s", c.name,
-                      l.row_blocks, sp.splits, sp.cluster ? " in clusters" : "", l.smem, cudaGetErrorString(e));
+        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
+                      l.row_blocks, sp.splits, l.smem, cudaGetErrorString(e));
       return false;
     }
   }
@@ -761,8 +737,6 @@ const char* dispatch_rules() {
   }();
   return text.c_str();
 }
-
-bool set_small_m_cluster(bool enabled) { return small_m_cluster_slot().exchange(enabled, std::memory_order_relaxed); }
 
 int set_forced_splits(int splits) {
   return forced_splits_slot().exchange(splits >= 1 ? splits : 0, std::memory_order_relaxed);

@@ -54,8 +54,7 @@ def main():
     for t, kb, d, b in small_m_configs():
         for suffix, atype in (("e2m1", "kE2m1"), ("f16", "kFloat16"), ("bf16", "kBFloat16")):
             write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_mma16816_{suffix}.cu", "sm90_small_m.cuh",
-                  f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, AType::{atype}>(const SmallMLaunch&);\n"
-                  f"template int small_m_max_clusters<{t}, {kb}, {d}, {b}, AType::{atype}>(int);")
+                  f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, AType::{atype}>(const SmallMLaunch&);")
     for fn in os.listdir(out):
         if fn.endswith(".cu") and fn not in wanted:
             os.remove(os.path.join(out, fn))

@@ -1,5 +1,5 @@
 // nvfp4_gemm._C_sm90: registers the SM90 BackendApi table with the core module (see backend_module.h),
-// and the test hooks _sm90_force_splits and _sm90_small_m_cluster.
+// and the test hook _sm90_force_splits.
 #include "common/backend_module.h"
 #include "sm90/backend.h"
 
@@ -14,8 +14,4 @@ TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
                 "(0: automatic), got ", splits);
     return nvfp4_gemm::sm90::set_forced_splits(static_cast<int>(splits));
   });
-  // torch.ops.nvfp4_gemm._sm90_small_m_cluster(enabled): whether the small-M kernel may add its K splits in a
-  // thread block cluster (the default) or always through the workspace; returns the previous setting.
-  m.def("_sm90_small_m_cluster(bool enabled) -> bool",
-        [](bool enabled) -> bool { return nvfp4_gemm::sm90::set_small_m_cluster(enabled); });
 }

@@ -28,23 +28,10 @@
 // mma.sync of that type.
 //
 // Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
-// behind another's tail. Two ways to add the splits, both in split order (the result does not depend on
-// timing, and both give the same bits):
-//  - cluster (2..8 splits, when a wave of such clusters fits): the splits of a row block are one thread
-//    block cluster; each CTA leaves its fp32 tile in its own shared memory, and after a cluster barrier
-//    each CTA sums a 1/S share of the tile over the S CTAs' shared memory (distributed shared memory) and
-//    writes it. No workspace, no counters, no global round trip.
-//  - workspace (otherwise): each CTA writes its fp32 tile to the workspace; the last CTA of a row block to
-//    arrive (atomic counter) sums the splits and writes C. The counters are zeroed by a one-block kernel
-//    that this grid overlaps through programmatic dependent launch.
-//
-// Programmatic dependent launch: every launch lets the next kernel on the stream start early (it triggers
-// at once) and is itself launched as a dependent of the kernel before it. Before it waits for that kernel
-// (griddepcontrol.wait), a CTA only asks L2 for the first B blocks it will read (a prefetch is a hint that
-// reads nothing into registers, so it is safe even if the previous kernel wrote B); A, alpha, the outputs
-// and the workspace are touched only after the wait. In workspace mode the kernel before is the counter
-// reset, launched in stream order after everything earlier, so there the wait sits just before the
-// arrival count, as it always did.
+// behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
+// a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
+// not depend on timing. The counters are zeroed by a one-block kernel that this grid overlaps through
+// programmatic dependent launch; a CTA waits for it only just before it counts its arrival.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,11 +39,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <cooperative_groups.h>
 #include <cute/arch/mma_sm80.hpp>
 
-#include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "common/problem.h"
@@ -101,8 +85,6 @@ struct SmallMParams {
   int kblocks;          // ceil(K / 256)
   int kb_per_cta;       // K blocks per split (the last split may have fewer)
   int splits;
-  bool cluster;         // splits > 1 summed through distributed shared memory (the grid is launched in
-                        // clusters of (1, splits)); else through `partial` and `counters`
   float out_mult;       // 2^7: the power of two the B decode leaves in the sums
   OutDtype out_dtype;
 };
@@ -155,21 +137,6 @@ __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, i
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off) << 16 : 0u);
   bb.s[1] = (h0 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, tig, sf_row_off8) : 0u) |
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
-}
-
-// Asks L2 for the first `blocks` K blocks of this lane's B rows (rows g and g + 8; lanes tig 0 / 1 take the
-// first and last byte of row g's 128-byte segment, tig 2 / 3 those of row g + 8, so both lines of a
-// segment that straddles two are covered). A hint: nothing is read into registers.
-__device__ __forceinline__ void prefetch_b_l2(const SmallMParams& p, int row, int kb0, int blocks, int tig) {
-  const int r = row + (tig >> 1) * 8;
-  if (r >= p.n) return;
-  const int64_t row_bytes = p.k / 2;
-  for (int d = 0; d < blocks; ++d) {
-    const int64_t off = static_cast<int64_t>(kb0 + d) * (kSmallKBlock / 2);
-    const int64_t last = off + kSmallKBlock / 2 - 1;
-    const int64_t at = (tig & 1) ? (last < row_bytes ? last : row_bytes - 1) : off;
-    if (off < row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.b + static_cast<int64_t>(r) * p.ldb + at));
-  }
 }
 
 // One m16n8k16 step on the tensor cores (CuTe's SM80 atoms; Hopper runs them as HMMA.16816).
@@ -249,15 +216,6 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   const int row = rb * kSmallRows + rloc;
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
   const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
-
-  // Programmatic dependent launch (see the note above): let the next kernel launch, warm L2 with our first
-  // B blocks, then wait for the kernel before us unless that is the workspace mode's counter reset.
-  cudaTriggerProgrammaticLaunchCompletion();
-  const bool wait_late = p.splits > 1 && !p.cluster;
-  if (!wait_late) {
-    prefetch_b_l2(p, row, kb0, min(nkb, DEPTH), tig);
-    cudaGridDependencySynchronize();
-  }
 
   // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
   // and K past the end are zeros. One thread per 16-byte chunk of A (32 K, two scale groups): chunk c of a
@@ -397,58 +355,13 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     }
   }
 
-  const float alpha = alpha_of(p.alpha, p.alpha2);
-  // This thread's outputs of n-tile j: rows row and row + 8, tokens 8 j + 2 tig and + 1.
-  auto store_tile = [&](int j, const float (&v)[4]) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = j * 8 + 2 * tig + (e & 1), col = row + (e >> 1) * 8;
-      const float x = (v[e] * p.out_mult) * alpha;
-      switch (p.out_dtype) {
-        case OutDtype::kFloat16: store_small<__half>(p, token, col, x); break;
-        case OutDtype::kBFloat16: store_small<__nv_bfloat16>(p, token, col, x); break;
-        default: store_small<float>(p, token, col, x); break;
-      }
-    }
-  };
-
-  if (p.splits > 1 && p.cluster) {
-    // Item q = j * 256 + tid of every CTA's tile is the same (row, token) set; CTA `split` sums and writes
-    // the items with q % splits == split. Splits are the cluster's (1, splits) ranks in order.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    float4* tile = reinterpret_cast<float4*>(smem);  // NT x 256 float4 <= the staged A's bytes
-    __syncthreads();                                  // every warp is past its last read of staged A
-#pragma unroll
-    for (int j = 0; j < NT; ++j) tile[j * kSmallThreads + tid] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-    cluster.sync();
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int q = j * kSmallThreads + tid;
-      if (q % p.splits != split) continue;
-      float4 v[8];
-#pragma unroll
-      for (int s = 0; s < 8; ++s)
-        if (s < p.splits) v[s] = cluster.map_shared_rank(tile, s)[q];
-      float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-      for (int s = 1; s < 8; ++s)
-        if (s < p.splits) {
-          sum[0] += v[s].x; sum[1] += v[s].y; sum[2] += v[s].z; sum[3] += v[s].w;
-        }
-      store_tile(j, sum);
-    }
-    cluster.sync();  // no CTA leaves while another may still read its shared memory
-    return;
-  }
-
   if (p.splits > 1) {
     float4* part = p.partial + ((static_cast<int64_t>(rb) * p.splits + split) * 8 + warp) * NT * 32;
 #pragma unroll
     for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
     __threadfence();
     __syncthreads();
-    cudaGridDependencySynchronize();  // workspace mode: the counter reset, launched before this grid
+    cudaGridDependencySynchronize();  // the counters are zeroed by the kernel launched before this one
     if (tid == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
     __syncthreads();
     if (!s_last) return;
@@ -487,87 +400,42 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     }
   }
 
+  const float alpha = alpha_of(p.alpha, p.alpha2);
 #pragma unroll
-  for (int j = 0; j < NT; ++j) store_tile(j, acc[j]);
-}
-
-inline constexpr int kSmallMMaxCluster = 8;
-
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
-constexpr auto kernel_of() {
-  return small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, A>;
-}  // the portable cluster size limit
-
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
-cudaError_t set_small_m_smem_limit() {
-  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
-  return smem_limit.run([] {
-    return cudaFuncSetAttribute(small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, A>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
-  });
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = j * 8 + 2 * tig + (e & 1), col = row + (e >> 1) * 8;
+      const float v = (acc[j][e] * p.out_mult) * alpha;
+      switch (p.out_dtype) {
+        case OutDtype::kFloat16: store_small<__half>(p, token, col, v); break;
+        case OutDtype::kBFloat16: store_small<__nv_bfloat16>(p, token, col, v); break;
+        default: store_small<float>(p, token, col, v); break;
+      }
+    }
+  }
 }
 
 template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
-  if (const cudaError_t e = set_small_m_smem_limit<TOKENS, KBMAX, DEPTH, CTAS, A>(); e != cudaSuccess) return e;
+  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, A>;
+  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
+  const cudaError_t attr = smem_limit.run(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
+  if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(l.row_blocks, l.params.splits);
   cfg.blockDim = dim3(kSmallThreads);
   cfg.dynamicSmemBytes = l.smem;
   cfg.stream = l.stream;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // see the note at the top
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
-  if (l.params.splits > 1 && l.params.cluster) {
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = static_cast<unsigned>(l.params.splits);
-    attrs[1].val.clusterDim.z = 1;
-    cfg.numAttrs = 2;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel_of<TOKENS, KBMAX, DEPTH, CTAS, A>(), l.params);
-}
-
-// How many clusters of `size` CTAs (1 x size, the config's largest shared memory) the current device can
-// hold at once: the cluster mode is taken only where every row block's cluster fits in one wave. Queried
-// once per device and size; 0 if the query fails (the workspace mode then runs).
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
-int small_m_max_clusters(int size) {
-  static std::atomic<int> cache[OncePerDevice::kMaxDevices][kSmallMMaxCluster + 1] = {};  // 0: not asked yet
-  if (size < 2 || size > kSmallMMaxCluster) return 0;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  const bool cached = dev >= 0 && dev < OncePerDevice::kMaxDevices;
-  if (cached) {
-    if (const int v = cache[dev][size].load(std::memory_order_relaxed)) return v > 0 ? v : 0;
-  }
-  int n = 0;
-  if (set_small_m_smem_limit<TOKENS, KBMAX, DEPTH, CTAS, A>() == cudaSuccess) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1, size);
-    cfg.blockDim = dim3(kSmallThreads);
-    cfg.dynamicSmemBytes = small_m_smem_bytes(TOKENS, KBMAX);
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = static_cast<unsigned>(size);
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
+  cudaLaunchAttribute attr_pdl[1];
+  if (l.params.splits > 1) {  // the counters' zeroing kernel (run_small_m) precedes this grid on the stream
+    attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr_pdl;
     cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel_of<TOKENS, KBMAX, DEPTH, CTAS, A>(), &cfg) != cudaSuccess) {
-      cudaGetLastError();
-      n = 0;
-    }
-  } else {
-    cudaGetLastError();
   }
-  if (cached) cache[dev][size].store(n > 0 ? n : -1, std::memory_order_relaxed);
-  return n;
+  return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 
 }  // namespace nvfp4_gemm::sm90

@@ -3,5 +3,4 @@
 
 namespace nvfp4_gemm::sm90 {
 template cudaError_t launch_small_m<16, 12, 4, 2, AType::kBFloat16>(const SmallMLaunch&);
-template int small_m_max_clusters<16, 12, 4, 2, AType::kBFloat16>(int);
 }  // namespace nvfp4_gemm::sm90

@@ -3,5 +3,4 @@
 
 namespace nvfp4_gemm::sm90 {
 template cudaError_t launch_small_m<32, 6, 3, 2, AType::kE2m1>(const SmallMLaunch&);
-template int small_m_max_clusters<32, 6, 3, 2, AType::kE2m1>(int);
 }  // namespace nvfp4_gemm::sm90
