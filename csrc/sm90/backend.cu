@@ -270,11 +270,26 @@ void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
 }
 
-// Zeroes the small-M kernel's split counters. It lets that kernel launch at once (programmatic dependent
-// launch): the GEMM waits for this grid only right before it counts its first arrival.
+// Zeroes the small-M kernel's split counters. Launched as a programmatic dependent of the kernel ahead of
+// it (sm90_small_m.cuh, PDL note): it waits for that kernel (whose workspace may be these very bytes), then
+// lets the GEMM launch, which waits for this grid only right before it counts its first arrival.
 __global__ void zero_counters_kernel(uint32_t* counters, int n) {
+  cudaGridDependencySynchronize();
   cudaTriggerProgrammaticLaunchCompletion();
   for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
+}
+
+cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
 // Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
@@ -358,8 +373,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
     if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
-      zero_counters_kernel<<<1, 256, 0, stream>>>(sp.counters, pl.row_blocks);
-      if (const cudaError_t z = cudaGetLastError(); z != cudaSuccess) {  // read once: this also clears it
+      if (const cudaError_t z = consumed(launch_zero_counters(sp.counters, pl.row_blocks, stream)); z != cudaSuccess) {
         if (err && err_len)
           std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,
                         cudaGetErrorString(z));

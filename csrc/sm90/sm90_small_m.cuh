@@ -30,8 +30,18 @@
 // Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
 // behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
 // a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
-// not depend on timing. The counters are zeroed by a one-block kernel that this grid overlaps through
-// programmatic dependent launch; a CTA waits for it only just before it counts its arrival.
+// not depend on timing. The counters are zeroed by a one-block kernel launched just before this grid.
+//
+// Programmatic dependent launch (PDL), so that a chain of small GEMMs does not pay each launch in full:
+// every launch here may start before the kernel ahead of it on the stream has finished, and each grid
+// lets its successor launch once all its CTAs are past their main loop (not earlier: a successor's CTAs
+// would take the slots of this grid's later CTAs). What runs before the wait for the predecessor
+// (griddepcontrol.wait) is only what cannot read its results:
+//  - no split: the predecessor is anyone's kernel; before the wait a CTA only asks L2 for its first B
+//    blocks (a prefetch reads nothing into registers, so it is right even if that kernel wrote B).
+//  - split: the predecessor is the counter reset, which itself waits for the kernel ahead of it before it
+//    lets this grid launch; so A and B are final when a CTA starts, and it waits only before it counts its
+//    arrival on the counters the reset writes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -139,6 +149,21 @@ __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, i
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
 }
 
+// Asks L2 for the first `blocks` K blocks of this lane's B rows (rows g and g + 8; lanes tig 0 / 1 take the
+// first and last byte of row g's 128-byte segment, tig 2 / 3 those of row g + 8, so both lines of a
+// segment that straddles two are covered). A hint: nothing is read into registers.
+__device__ __forceinline__ void prefetch_b_l2(const SmallMParams& p, int row, int kb0, int blocks, int tig) {
+  const int r = row + (tig >> 1) * 8;
+  if (r >= p.n) return;
+  const int64_t row_bytes = p.k / 2;
+  for (int d = 0; d < blocks; ++d) {
+    const int64_t off = static_cast<int64_t>(kb0 + d) * (kSmallKBlock / 2);
+    const int64_t last = off + kSmallKBlock / 2 - 1;
+    const int64_t at = (tig & 1) ? (last < row_bytes ? last : row_bytes - 1) : off;
+    if (off < row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p.b + static_cast<int64_t>(r) * p.ldb + at));
+  }
+}
+
 // One m16n8k16 step on the tensor cores (CuTe's SM80 atoms; Hopper runs them as HMMA.16816).
 template <Elem E>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -216,6 +241,11 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   const int row = rb * kSmallRows + rloc;
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
   const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
+
+  if (p.splits == 1) {  // see the PDL note above
+    prefetch_b_l2(p, row, kb0, min(nkb, DEPTH), tig);
+    cudaGridDependencySynchronize();
+  }
 
   // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
   // and K past the end are zeros. One thread per 16-byte chunk of A (32 K, two scale groups): chunk c of a
@@ -355,13 +385,15 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     }
   }
 
+  cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
+
   if (p.splits > 1) {
     float4* part = p.partial + ((static_cast<int64_t>(rb) * p.splits + split) * 8 + warp) * NT * 32;
 #pragma unroll
     for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
     __threadfence();
     __syncthreads();
-    cudaGridDependencySynchronize();  // the counters are zeroed by the kernel launched before this one
+    cudaGridDependencySynchronize();  // the counter reset, launched just before this grid, is done
     if (tid == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
     __syncthreads();
     if (!s_last) return;
@@ -428,13 +460,11 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   cfg.blockDim = dim3(kSmallThreads);
   cfg.dynamicSmemBytes = l.smem;
   cfg.stream = l.stream;
-  cudaLaunchAttribute attr_pdl[1];
-  if (l.params.splits > 1) {  // the counters' zeroing kernel (run_small_m) precedes this grid on the stream
-    attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr_pdl;
-    cfg.numAttrs = 1;
-  }
+  cudaLaunchAttribute attr_pdl[1];  // programmatic dependent launch: see the note at the top
+  attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr_pdl;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 
