@@ -234,3 +234,45 @@ def test_linear_runs_one_fused_gemm():
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
     fused = [ln for ln in lines if "quantizing a=bf16" in ln and ln.startswith("[nvfp4_gemm] sm90:")]
     assert any(" m=4 " in ln for ln in fused) and any(" m=100 " in ln for ln in fused), lines
+
+
+@pytest.mark.parametrize("splits", [1, 0], ids=["unsplit", "auto-split"])
+@pytest.mark.parametrize("m", [1, 16])
+def test_chain_consumes_the_previous_output(m, splits):
+    """Each call's activations are the previous call's output, launched back to back (the small-M kernel
+    starts before its predecessor ends: programmatic dependent launch), eagerly and in a CUDA graph: equal
+    bit for bit to the same chain with a device synchronize between calls."""
+    n = k = 2048
+    layers = [_inputs(1, n, k, F16, seed=700 + i) for i in range(12)]
+    for layer in layers:  # alpha keeps the activations' RMS through the chain, within fp16's range
+        w = nvfp4_gemm.dequantize(layer["b"], layer["sfb"], k, F32)
+        layer["alpha"] = (1.0 / (w.pow(2).mean().sqrt() * math.sqrt(k))).reshape(1)
+    x0 = _inputs(m, n, k, F16, seed=800)["a"]
+
+    def chain(x, sync):
+        for layer in layers:
+            x = nvfp4_gemm.mm(x, layer["b"], None, layer["sfb"], alpha=layer["alpha"])
+            if sync:
+                torch.cuda.synchronize()
+        return x
+
+    previous = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
+    try:
+        ref = chain(x0, sync=True)
+        assert bool(torch.isfinite(ref).all()) and ref.abs().max() > 0
+        assert torch.equal(chain(x0, sync=False), ref)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chain(x0, sync=False)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = chain(x0, sync=False)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, ref)
+    finally:
+        torch.ops.nvfp4_gemm._sm90_force_splits(previous)
