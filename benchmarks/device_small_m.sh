@@ -1,7 +1,8 @@
 #!/bin/bash
 # One H100 call for a small-M kernel change: clean build for sm_90a, the suites that run it (sm90 small-M
 # sweep and cluster / workspace agreement, weight-only, the linear op and its launch counts, graphs and
-# streams), then benchmarks/diagnostics/small_m_chain.py (the 8B stack's shapes at M = 1 and 16).
+# streams), then benchmarks/diagnostics/small_m_chain.py (the 8B stack's shapes at M = 1 and 16) and, with
+# BENCH_MODEL_M=1,16,..., bench_model.py on the 8B stack.
 #   bash benchmarks/device_small_m.sh        (repo root; wheels in .whl/)
 set -o pipefail
 OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
@@ -26,3 +27,10 @@ echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed|Error" "$OUT/pytest.log" | t
 step small_m_chain
 timeout ${CHAIN_TIMEOUT:-200} python3 benchmarks/diagnostics/small_m_chain.py --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0,4,8} \
   2>&1 | grep -v -i warn | tee "$OUT/chain.log"
+
+if [ -n "${BENCH_MODEL_M:-}" ]; then
+  step bench_model
+  timeout ${BENCH_MODEL_TIMEOUT:-200} python3 benchmarks/bench_model.py --stacks 8b --m "$BENCH_MODEL_M" \
+    --variants ${BENCH_MODEL_VARIANTS:-fp16,static,dynamic,wo_fp16,humming} --json "$OUT/bench_model.json" > "$OUT/bench_model.log" 2>&1
+  echo "rc=$?"; grep -A12 "^| graph_us" "$OUT/bench_model.log"
+fi

@@ -4,6 +4,7 @@ same bytes and humming W4A16; each split count forced in turn; and the kernels a
 over one replay), to separate kernel time from the gaps between kernels.
 
     python benchmarks/diagnostics/small_m_chain.py [--m 1,16] [--splits 0,1,2,4,8,16] [--shapes NxK,...]
+        [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_mma16816,...]
 "auto-workspace": automatic splits with the cluster reduction turned off (the workspace mode).
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--splits", default="0,1,2,4,8,16", help="0: automatic")
     ap.add_argument("--shapes", default=None)
+    ap.add_argument("--configs", default=None, help="comma list of sm90 config names to force as well")
     args = ap.parse_args()
     dev = torch.device("cuda")
     timer, reader, l2 = Timer(dev, 20), Reader(dev), l2_bytes(dev, None)
@@ -76,6 +78,15 @@ def main() -> None:
                 t = timer.graph_us(ours)
                 line.append(f"{'auto' if sp == 0 else f's{sp}'} {t:.2f} ({t / read:.2f}x)")
             torch.ops.nvfp4_gemm._sm90_force_splits(0)
+            for cfg in args.configs.split(",") if args.configs else []:  # each small-M config forced in turn
+                os.environ["NVFP4_GEMM_CONFIG"] = cfg
+                try:
+                    t = timer.graph_us(ours)
+                    line.append(f"{cfg.split('_w128x')[1].split('_mma')[0]} {t:.2f} ({t / read:.2f}x)")
+                except RuntimeError as e:
+                    line.append(f"{cfg}: {str(e).splitlines()[0][:80]}")
+                finally:
+                    del os.environ["NVFP4_GEMM_CONFIG"]
             if hasattr(torch.ops.nvfp4_gemm, "_sm90_small_m_cluster"):  # the workspace mode, same splits
                 torch.ops.nvfp4_gemm._sm90_small_m_cluster(False)
                 t = timer.graph_us(ours)
