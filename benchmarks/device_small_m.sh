@@ -1,6 +1,6 @@
 #!/bin/bash
 # One H100 call for a small-M kernel change: clean build for sm_90a, the suites that run it (sm90 small-M
-# sweep and cluster / workspace agreement, weight-only, the linear op and its launch counts, graphs and
+# sweep and config selection, weight-only, the linear op and its launch counts, graphs and
 # streams), then benchmarks/diagnostics/small_m_chain.py (the 8B stack's shapes at M = 1 and 16) and, with
 # BENCH_MODEL_M=1,16,..., bench_model.py on the 8B stack.
 #   bash benchmarks/device_small_m.sh        (repo root; wheels in .whl/)
