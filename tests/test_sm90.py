@@ -176,6 +176,35 @@ def test_small_m_is_selected():
     assert "_smallm_" not in picked[33], picked
 
 
+def test_deep_small_m_config_for_unsplit_grids():
+    """configs.h kDeepSmallM: at M <= 8, a problem the 8-token config would run unsplit below one wave of the
+    16-token config (N = 28672, K = 4096 on an H100's 132 SMs) takes the 16-token config; one it splits
+    (N = 4096) keeps the 8-token config. Both results within SPEC.md's bound."""
+    import subprocess
+    import sys
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_deep = 128 * (2 * sms - 40)  # row blocks between one wave of 3 CTAs / SM... and 2 CTAs / SM: unsplit, deep
+    code = ("import torch, nvfp4_gemm\n"
+            "from nvfp4_gemm.testing import Reference\n"
+            f"for m, n in ((1, {n_deep}), (8, {n_deep}), (1, 4096), (9, {n_deep})):\n"
+            "    g = torch.Generator(device='cuda').manual_seed(m + n)\n"
+            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
+            "    b = torch.randint(0, 256, (n, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
+            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "    x = dict(a=a, b=b, sfa=sf(m), sfb=sf(n), alpha=None, out_dtype=torch.float16)\n"
+            "    Reference(x).check(nvfp4_gemm.mm(**x), f'm={m} n={n}')\n"
+            "torch.cuda.synchronize()\n")
+    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
+    assert len(lines) == 4, lines
+    assert all("_smallm_w128xt16_" in ln for ln in (lines[0], lines[1], lines[3])), lines
+    assert "_smallm_w128xt8_" in lines[2], lines
+
+
 def test_large_m_goes_generic_unless_forced():
     """Automatic dispatch hands M >= configs.h kPreferGenericFromM (2048) to the generic path, where it
     measured faster; NVFP4_GEMM_BACKEND=sm90 still runs the Hopper kernel there."""

@@ -307,12 +307,14 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   // One wave of ctas_per_sm CTAs per SM (the launch bound) where N allows: as many K splits as fit next to
   // the row blocks, so every CTA streams a long K range (a CTA's fixed costs, the A decode and the split
   // fix-up, are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per
-  // CTA at what keeps decoded A small enough for that many CTAs per SM.
+  // CTA at what keeps decoded A small enough for that many CTAs per SM; a launch stages only its live tokens
+  // (whole n-tiles), so fewer tokens than the config's allow proportionally more K blocks.
+  const int live = small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
-  int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, c.kt);
+  int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
   if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
   // Decoded A for kb blocks must fit in shared memory: a forced split count is a request, not a promise.
-  kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(c.tokens, 1))});
+  kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(live, 1))});
   int64_t splits = ceil_div(pl.kblocks, kb);
   const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
   const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
@@ -321,7 +323,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   splits = ceil_div(pl.kblocks, kb);
   pl.kb = static_cast<int>(kb);
   pl.splits = static_cast<int>(splits);
-  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(c.tokens, 1)} * kb, int64_t{1} << 30));
+  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb, int64_t{1} << 30));
   if (splits > 1) {
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
@@ -473,9 +475,22 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
 // Both read the dispatch table (configs.h, kDispatch).
 bool prefers_generic(const Problem* p, const DeviceInfo*) { return dispatch_row(p->m).prefer_generic; }
 
+// configs.h, kDeepSmallM: the 16-token small-M config in place of the 8-token one where the latter would run
+// unsplit at fewer CTAs than its deeper sibling holds in one wave.
+bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
+  const int deep = config_index(kDeepSmallM);
+  if (kConfigs[config].kind != Kind::kSmallM || kConfigs[config].tokens != 8 || deep < 0) return false;
+  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  const SmallMPlan pl = make_small_m_plan(p, config, sms);
+  return pl.splits == 1 && pl.kb > kConfigs[config].stages &&
+         pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
+}
+
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
+  if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
+    return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
   if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
   return -1;
@@ -747,6 +762,8 @@ const char* dispatch_rules() {
       t += "\n";
       lo = r.m_max + 1;
     }
+    t += std::string("M 1..8 where ") + kConfigs[config_index(kDispatch[0].config)].name +
+         " would run unsplit below one wave of " + kConfigs[config_index(kDeepSmallM)].name + ": the latter\n";
     return t;
   }();
   return text.c_str();

@@ -85,6 +85,13 @@ struct Pick {
 };
 inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 
+// One exception to the rows below (select in backend.cu): where the 8-token small-M config would run
+// unsplit (many row blocks, e.g. an MLP up-projection N = 28672 at K = 4096) and the 16-token one holds every
+// row block in one wave, the 16-token config runs instead. It stages only the live 8 tokens, and keeps
+// 4 K blocks of B in flight per lane instead of 2: such a grid has under 2 CTAs per SM, and its time is
+// the B stream's latency per block.
+inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
+
 struct DispatchRow {
   int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left
   Pick config;

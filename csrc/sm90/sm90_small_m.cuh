@@ -75,6 +75,11 @@ constexpr int small_m_smem_bytes(int tokens, int kblocks_per_cta) {
   return kblocks_per_cta * tokens * 4 * kSmallTigBytes;
 }
 
+// Tokens a launch of `rows` rows stages (whole n-tiles of 8, at most the config's TOKENS).
+constexpr int small_m_live_tokens(int config_tokens, int64_t rows) {
+  return static_cast<int>(rows >= config_tokens ? config_tokens : (rows + 7) / 8 * 8);
+}
+
 struct SmallMParams {
   const uint8_t* a;
   const uint8_t* b;
@@ -184,8 +189,9 @@ __device__ __forceinline__ void scales_of(uint32_t w, uint32_t (&s)[4]) {
   s[3] = high_pair(h);
 }
 
+// nt_live: the n-tiles that hold tokens of this launch (the rest are all zero and skipped).
 template <int NT, Elem E>
-__device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* a_blk, int g, int tig,
+__device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* a_blk, int g, int tig, int nt_live,
                                                float (&acc)[NT][4]) {
   using Dec = BDecode<E>;
   uint32_t sg[4], s8[4];
@@ -203,6 +209,7 @@ __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* 
     const uint32_t e2 = Dec::mul(Dec::template word<2>(y), b), e3 = Dec::mul(Dec::template word<3>(y), b);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
+      if (NT > 1 && j >= nt_live) break;
       const uint4 v = *reinterpret_cast<const uint4*>(a_blk + ((j * 8 + g) * 4 + tig) * kSmallTigBytes + i * 16);
       mma16816<E>(acc[j], g0, e0, g1, e1, v.x, v.y);
       mma16816<E>(acc[j], g2, e2, g3, e3, v.z, v.w);
@@ -253,7 +260,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   // before its first decode (one round trip per batch, not per chunk); the first batch goes out ahead of
   // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
   constexpr int kBatch = 4;
-  const int per_token = nkb * 8, n_chunks = TOKENS * per_token;
+  // Staged A holds the live n-tiles only (tokens rounded up to 8; small_m_live_tokens on the host sizes it).
+  const int nt_live = min(NT, (p.m + 7) / 8), tok = nt_live * 8;
+  const int per_token = nkb * 8, n_chunks = tok * per_token;
   // 16-bit A: one item per 16 bytes (8 values) of a chunk, 4 per chunk; e2m1 A: one item per chunk.
   constexpr int kItemsPerChunk = kA16 ? 4 : 1;
   const int n_items = n_chunks * kItemsPerChunk;
@@ -290,7 +299,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
       const int chunk = idx / kItemsPerChunk, v = idx % kItemsPerChunk;
       const int t = chunk / per_token, rem = chunk - t * per_token;
       const int blk = rem >> 3, c = rem & 7;
-      uint8_t* dst = smem + ((blk * TOKENS + t) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64;
+      uint8_t* dst = smem + ((blk * tok + t) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64;
       if constexpr (kA16) {
         // Values 8v..8v+7 of the chunk, ordered as decode_word orders word v of an e2m1 chunk.
         *reinterpret_cast<uint4*>(dst + v * 16) = pair_like_decode(aw[x]);
@@ -345,7 +354,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
         const __half2_raw sr =
             __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s8 | (s8 << 8)), __NV_E4M3);
         const __half2 sc = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
-        uint8_t* dst = smem + ((blk * TOKENS + ts[b]) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64 + grp * 32;
+        uint8_t* dst = smem + ((blk * tok + ts[b]) * 4 + (c & 3)) * kSmallTigBytes + (c >> 2) * 64 + grp * 32;
 #pragma unroll
         for (int v = 0; v < 2; ++v)
           *reinterpret_cast<uint4*>(dst + v * 16) = decode_a_word(w[v], sc, fold);
@@ -379,7 +388,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     for (int d = 0; d < DEPTH; ++d) {
       const int blk = base + d;
       if (blk < nkb) {
-        compute_bblock<NT, E>(buf[d], smem + blk * TOKENS * 4 * kSmallTigBytes, g, tig, acc);
+        compute_bblock<NT, E>(buf[d], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
         if (blk + DEPTH < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + blk + DEPTH, tig);
       }
     }
