@@ -261,10 +261,8 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
   constexpr int kBatch = 4;
   // Staged A holds the live n-tiles only (tokens rounded up to 8; small_m_live_tokens on the host sizes it).
-  // Only the launch's own p.m tokens are loaded (chunks are token-major); the rest of their n-tiles is
-  // zero-filled below, with no memory round trip.
   const int nt_live = min(NT, (p.m + 7) / 8), tok = nt_live * 8;
-  const int per_token = nkb * 8, n_chunks = p.m * per_token;
+  const int per_token = nkb * 8, n_chunks = tok * per_token;
   // 16-bit A: one item per 16 bytes (8 values) of a chunk, 4 per chunk; e2m1 A: one item per chunk.
   constexpr int kItemsPerChunk = kA16 ? 4 : 1;
   const int n_items = n_chunks * kItemsPerChunk;
@@ -379,12 +377,6 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
       load_a(base);
       store_a(base);
     }
-  }
-  // Tokens p.m .. tok - 1 of every staged block: zeros (4 * kSmallTigBytes = 36 x 16 bytes per token).
-  const int pad = tok - p.m;
-  for (int i = tid; i < nkb * pad * 36; i += kSmallThreads) {
-    const int blk = i / (pad * 36), r = i - blk * pad * 36;
-    *reinterpret_cast<uint4*>(smem + (blk * tok + p.m) * 4 * kSmallTigBytes + r * 16) = make_uint4(0, 0, 0, 0);
   }
   __syncthreads();
 
