@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import warnings
 from typing import Callable
 
 import torch
@@ -378,6 +379,8 @@ def quantize_model(
         groups see the inputs of the already quantized earlier ones, as sequential GPTQ does.
     progress: a progress bar (tqdm, on stderr) when 8 or more layers are swapped, and a line for each layer
         left alone because its weight is tied; False for silence (those lines then go to the logger only).
+        A layer that calibrate(model) never ran gets no static scale (W4A4: its input scale stays dynamic)
+        and no column weights (mse: plain mse); a UserWarning names such layers (gptq refuses them).
     quantize_tied: a Linear whose weight is also another module's parameter (an LM head tied to the token
         embeddings) is left float by default: swapping it would keep the float tensor for the other owner
         and add an NVFP4 copy, so the model would grow. True swaps it anyway; the tie is broken (the other
@@ -426,6 +429,17 @@ def quantize_model(
             bar.update(1)
 
     static = calibrate is not None and not weight_only
+
+    def warn_unseen(seen: set[str]) -> None:
+        unseen = [name for name, _ in targets if name not in seen]
+        if unseen:
+            what = "; ".join(w for w in (
+                "their input scales stay dynamic" if static else "",
+                "mse runs unweighted for them" if method == "mse" else "") if w)
+            names = ", ".join(unseen[:8]) + (f" and {len(unseen) - 8} more" if len(unseen) > 8 else "")
+            warnings.warn(f"quantize_model: calibrate(model) never ran {len(unseen)} of the {len(targets)} layers "
+                          f"({names}): {what}", UserWarning, stacklevel=3)
+
     try:
         if method == "gptq":
             accumulator = _methods_module().HessianAccumulator
@@ -447,10 +461,14 @@ def quantize_model(
             accumulator = _methods_module().HessianAccumulator
             diags = {name: accumulator(mod.in_features, mod.weight.device, diagonal=True) for name, mod in targets}
             amax, seen = _calibrate(model, targets, calibrate, static, diags)
+            warn_unseen(seen)
             for name, mod in targets:
                 swap(name, mod, amax.get(name), diags.pop(name).hessian() if name in seen else None)
         else:
-            amax = _calibrate(model, targets, calibrate, True, None)[0] if static else {}
+            amax = {}
+            if static:
+                amax, seen = _calibrate(model, targets, calibrate, True, None)
+                warn_unseen(seen)
             for name, mod in targets:
                 swap(name, mod, amax.get(name), None)
     finally:

@@ -3,9 +3,11 @@ tied weights, the progress bar, and how `method=` reaches nvfp4_gemm.methods (GP
 from __future__ import annotations
 
 import copy
+import re
 import logging
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -375,6 +377,34 @@ def test_mse_with_calibrate_weighs_columns_by_the_inputs(fake_methods, weight_on
     assert all(c["hessian"].shape == (c["w"].shape[1],) for c in fake_methods.calls)
     assert all(m.weight_only == weight_only and m.static_input_scale != weight_only
                for m in net.modules() if isinstance(m, NVFP4Linear))
+
+
+@pytest.mark.parametrize("method, weight_only, what", [
+    ("rtn", False, "their input scales stay dynamic"),
+    ("mse", False, "their input scales stay dynamic; mse runs unweighted for them"),
+    ("mse", True, "mse runs unweighted for them"),
+], ids=("static-rtn", "static-mse", "weight-only-mse"))
+def test_layers_calibrate_never_ran_are_named(fake_methods, method, weight_only, what):
+    """A layer calibrate(model) never reaches gets no static scale / no column weights: a UserWarning names
+    it, and the layers it did reach are calibrated as usual."""
+    net = Blocks()
+    only_first = lambda m: m.layers[0]["a"](torch.randn(2, 32))  # noqa: E731
+    with pytest.warns(UserWarning, match=re.escape(
+            "calibrate(model) never ran 6 of the 7 layers (layers.0.b, layers.0.c, layers.1.a, layers.1.b, "
+            f"layers.1.c, head): {what}")):
+        quantize_model(net, calibrate=only_first, method=method, weight_only=weight_only, progress=False)
+    first, rest = net.layers[0]["a"], [net.layers[0]["b"], net.layers[1]["a"], net.head]
+    assert first.static_input_scale != weight_only and not any(m.static_input_scale for m in rest)
+    if method == "mse":
+        hessians = [c["hessian"] for c in fake_methods.calls]
+        assert hessians[0] is not None and all(h is None for h in hessians[1:])
+
+
+def test_calibrate_reaching_every_layer_warns_nothing(fake_methods):
+    net = Blocks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_model(net, calibrate=lambda m: m(torch.randn(2, 32)), method="mse", progress=False)
 
 
 def test_diagonal_hessian_accumulator_is_the_full_ones_diagonal():
