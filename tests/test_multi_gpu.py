@@ -44,6 +44,29 @@ def _devices() -> list[torch.device]:
     return [torch.device("cuda", i) for i in range(_count)]
 
 
+def _concurrently(devs, body) -> list[str]:
+    """Runs body(dev, errors) in one thread per device, all started together (after set_device); returns
+    what the bodies appended to errors, and any exception as an error of its device."""
+    start = threading.Barrier(len(devs))
+    errors: list[str] = []
+
+    def worker(dev: torch.device) -> None:
+        try:
+            torch.cuda.set_device(dev)
+            start.wait(timeout=60)
+            body(dev, errors)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"{dev}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(dev,)) for dev in devs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish within 600 s"
+    return errors
+
+
 def _report(results) -> str:
     return "\n".join(f"{r.device} {r.backend}:{r.config}: " + "; ".join(r.failures) for r in results if not r.ok)
 
@@ -74,26 +97,14 @@ def test_threads_on_two_devices_concurrently():
             work.setdefault(dev, []).append((case, inputs, Reference(inputs)))
     for dev in devs:
         torch.cuda.synchronize(dev)
-    start = threading.Barrier(len(devs))
-    errors: list[str] = []
 
-    def worker(dev: torch.device) -> None:
-        try:
-            torch.cuda.set_device(dev)
-            start.wait(timeout=60)
-            for it in range(10):
-                outs = [(case, ref, nvfp4_gemm.mm(**inputs)) for case, inputs, ref in work[dev]]
-                for case, ref, out in outs:
-                    ref.check(out, f"{dev}, iteration {it}, {case.id}, seed {case_seed(case)}")
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(f"{dev}: {type(e).__name__}: {e}")
+    def body(dev: torch.device, errors: list[str]) -> None:
+        for it in range(10):
+            outs = [(case, ref, nvfp4_gemm.mm(**inputs)) for case, inputs, ref in work[dev]]
+            for case, ref, out in outs:
+                ref.check(out, f"{dev}, iteration {it}, {case.id}, seed {case_seed(case)}")
 
-    threads = [threading.Thread(target=worker, args=(dev,)) for dev in devs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish within 600 s"
+    errors = _concurrently(devs, body)
     assert not errors, "\n".join(errors)
 
 
@@ -193,25 +204,13 @@ def test_linear_threads_on_two_devices_concurrently():
             layer, x, input_scale, seed = _linear_case(dev, mode, dtype, m)
             work.setdefault(dev, []).append((mode, x, layer, input_scale, composed(x, layer, mode, input_scale)[0]))
         torch.cuda.synchronize(dev)
-    start = threading.Barrier(len(devs))
-    errors: list[str] = []
 
-    def worker(dev: torch.device) -> None:
-        try:
-            torch.cuda.set_device(dev)
-            start.wait(timeout=60)
-            for it in range(10):
-                outs = [(mode, x, ref, call(x, layer, mode, s)) for mode, x, layer, s, ref in work[dev]]
-                for mode, x, ref, y in outs:
-                    if not torch.equal(y, ref):
-                        errors.append(f"{dev}, iteration {it}, {mode} x={x.dtype} M={x.shape[0]}: differs")
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(f"{dev}: {type(e).__name__}: {e}")
+    def body(dev: torch.device, errors: list[str]) -> None:
+        for it in range(10):
+            outs = [(mode, x, ref, call(x, layer, mode, s)) for mode, x, layer, s, ref in work[dev]]
+            for mode, x, ref, y in outs:
+                if not torch.equal(y, ref):
+                    errors.append(f"{dev}, iteration {it}, {mode} x={x.dtype} M={x.shape[0]}: differs")
 
-    threads = [threading.Thread(target=worker, args=(dev,)) for dev in devs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish within 600 s"
+    errors = _concurrently(devs, body)
     assert not errors, "\n".join(errors[:20])
