@@ -152,12 +152,22 @@ def test_small_m_sweep(monkeypatch, force_splits):
     assert not fails, f"{len(fails)} failed:\n" + "\n".join(fails[:20])
 
 
-def test_small_m_is_selected():
-    """M <= 32 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M
-    to a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process: the flag is read once)."""
+def _printed_configs(code: str, backend: str = "sm90") -> list[str]:
+    """Runs `code` in a fresh process (NVFP4_GEMM_PRINT_CONFIGS is read once per process) with
+    NVFP4_GEMM_BACKEND=backend and returns the dispatch lines it printed, in order."""
     import subprocess
     import sys
 
+    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND=backend)
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
+
+
+def test_small_m_is_selected():
+    """M <= 32 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M
+    to a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports)."""
     code = ("import torch, nvfp4_gemm\n"
             "for m in (1, 8, 16, 17, 32, 33):\n"
             "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda')\n"
@@ -165,12 +175,7 @@ def test_small_m_is_selected():
             "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
             "    nvfp4_gemm.mm(a, b, sf(m), sf(1024))\n"
             "torch.cuda.synchronize()\n")
-    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND="sm90")
-    env.pop("NVFP4_GEMM_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
-    picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in lines}
+    picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in _printed_configs(code)}
     for m in (1, 8, 16, 17, 32):
         assert "_smallm_" in picked[m], picked
     assert "_smallm_" not in picked[33], picked
@@ -180,11 +185,10 @@ def test_deep_small_m_config_for_unsplit_grids():
     """configs.h kDeepSmallM: at M <= 8, a problem the 8-token config would run unsplit below one wave of the
     16-token config (N = 28672, K = 4096 on an H100's 132 SMs) takes the 16-token config; one it splits
     (N = 4096) keeps the 8-token config. Both results within SPEC.md's bound."""
-    import subprocess
-    import sys
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n_deep = 128 * (2 * sms - 40)  # row blocks between one wave of 3 CTAs / SM... and 2 CTAs / SM: unsplit, deep
+    # 2 x SMs - 40 row blocks (224 on 132 SMs): too many for a second split of the 8-token config (3 CTAs per
+    # SM), and within one wave of the 16-token config (2 per SM).
+    n_deep = 128 * (2 * sms - 40)
     code = ("import torch, nvfp4_gemm\n"
             "from nvfp4_gemm.testing import Reference\n"
             f"for m, n in ((1, {n_deep}), (8, {n_deep}), (1, 4096), (9, {n_deep})):\n"
@@ -195,11 +199,7 @@ def test_deep_small_m_config_for_unsplit_grids():
             "    x = dict(a=a, b=b, sfa=sf(m), sfb=sf(n), alpha=None, out_dtype=torch.float16)\n"
             "    Reference(x).check(nvfp4_gemm.mm(**x), f'm={m} n={n}')\n"
             "torch.cuda.synchronize()\n")
-    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND="sm90")
-    env.pop("NVFP4_GEMM_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
+    lines = _printed_configs(code)
     assert len(lines) == 4, lines
     assert all("_smallm_w128xt16_" in ln for ln in (lines[0], lines[1], lines[3])), lines
     assert "_smallm_w128xt8_" in lines[2], lines
@@ -208,9 +208,6 @@ def test_deep_small_m_config_for_unsplit_grids():
 def test_large_m_goes_generic_unless_forced():
     """Automatic dispatch hands M >= configs.h kPreferGenericFromM (2048) to the generic path, where it
     measured faster; NVFP4_GEMM_BACKEND=sm90 still runs the Hopper kernel there."""
-    import subprocess
-    import sys
-
     code = ("import torch, nvfp4_gemm\n"
             "for m in (2047, 2048):\n"
             "    a = torch.randint(0, 256, (m, 512), dtype=torch.uint8, device='cuda')\n"
@@ -219,11 +216,7 @@ def test_large_m_goes_generic_unless_forced():
             "    nvfp4_gemm.mm(a, b, sf(m), sf(256))\n"
             "torch.cuda.synchronize()\n")
     for backend, want_2048 in (("auto", "generic"), ("sm90", "sm90:")):
-        env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1", NVFP4_GEMM_BACKEND=backend)
-        env.pop("NVFP4_GEMM_CONFIG", None)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")}
+        picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in _printed_configs(code, backend)}
         assert picked[2047].startswith("[nvfp4_gemm] sm90:"), picked
         assert picked[2048].startswith(f"[nvfp4_gemm] {want_2048}"), picked
 
