@@ -759,11 +759,12 @@ const char* dispatch_rules() {
       t += line;
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
+      if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
+        t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
+             " would run unsplit and it holds every row block in one wave";
       t += "\n";
       lo = r.m_max + 1;
     }
-    t += std::string("M 1..8 where ") + kConfigs[config_index(kDispatch[0].config)].name +
-         " would run unsplit below one wave of " + kConfigs[config_index(kDeepSmallM)].name + ": the latter\n";
     return t;
   }();
   return text.c_str();

@@ -138,6 +138,9 @@ constexpr bool dispatch_table_is_valid() {
   return true;
 }
 static_assert(dispatch_table_is_valid(), "every row names compiled configs; rows ascend in M, the last is unbounded");
+static_assert(kDispatch[0].config.kind == Kind::kSmallM && kDispatch[0].config.tokens == 8 &&
+                  kDeepSmallM.kind == Kind::kSmallM && kDeepSmallM.tokens == 16,
+              "kDeepSmallM stands in for the first row's 8-token small-M config (select, dispatch_rules)");
 static_assert(kConfigs[config_index(dispatch_row(1).config)].kind == Kind::kSmallM &&
                   kConfigs[config_index(dispatch_row(33).config)].tokens == 64 &&
                   dispatch_row(kPreferGenericFromM).prefer_generic &&
