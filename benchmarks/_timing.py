@@ -89,14 +89,20 @@ class Timer:
         events[-1].synchronize()
         return [events[i].elapsed_time(events[i + 1]) for i in range(self.replays)]
 
-    def graph_us(self, calls: list[Callable]) -> float:
-        if not self.cuda:
-            return self._wall_us(calls)
+    def capture(self, calls: list[Callable]) -> tuple[torch.cuda.CUDAGraph, list]:
+        """The calls warmed up, then captured back to back in one CUDA graph, replayed once (the first replay
+        uploads it); returns the graph and the calls' outputs, which must live as long as the graph."""
         self._warm_up(calls)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outs = [f() for f in calls]  # noqa: F841  - kept alive with the graph, as a model's outputs are
-        graph.replay()  # the first replay uploads the graph
+            outs = [f() for f in calls]
+        graph.replay()
+        return graph, outs
+
+    def graph_us(self, calls: list[Callable]) -> float:
+        if not self.cuda:
+            return self._wall_us(calls)
+        graph, outs = self.capture(calls)
         times = self._intervals_ms(graph.replay, sleep_first=True)
         del graph, outs
         return statistics.median(times) * 1e3 / len(calls)

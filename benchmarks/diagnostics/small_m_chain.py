@@ -5,7 +5,6 @@ over one replay), to separate kernel time from the gaps between kernels.
 
     python benchmarks/diagnostics/small_m_chain.py [--m 1,16] [--splits 0,1,2,4,8,16] [--shapes NxK,...]
         [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_mma16816,...]
-"auto-workspace": automatic splits with the cluster reduction turned off (the workspace mode).
 """
 from __future__ import annotations
 
@@ -19,23 +18,15 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
-from _timing import Reader, Timer, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
+from _timing import Reader, Timer, env, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
 from bench_mm import make_set, read_bytes, weight_bytes  # noqa: E402
 
 SHAPES_8B = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
 
-def kernels_per_call(calls) -> dict:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in calls:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = [f() for f in calls]  # noqa: F841
-    g.replay()
+def kernels_per_call(timer: Timer, calls) -> dict:
+    """GPU time per call of each kernel in one replay of the calls' graph (torch.profiler)."""
+    g, outs = timer.capture(calls)  # noqa: F841 - outs live as long as the graph
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         g.replay()
@@ -79,20 +70,13 @@ def main() -> None:
                 line.append(f"{'auto' if sp == 0 else f's{sp}'} {t:.2f} ({t / read:.2f}x)")
             torch.ops.nvfp4_gemm._sm90_force_splits(0)
             for cfg in args.configs.split(",") if args.configs else []:  # each small-M config forced in turn
-                os.environ["NVFP4_GEMM_CONFIG"] = cfg
                 try:
-                    t = timer.graph_us(ours)
+                    with env("NVFP4_GEMM_CONFIG", cfg):
+                        t = timer.graph_us(ours)
                     line.append(f"{cfg.split('_w128x')[1].split('_mma')[0]} {t:.2f} ({t / read:.2f}x)")
                 except RuntimeError as e:
                     line.append(f"{cfg}: {str(e).splitlines()[0][:80]}")
-                finally:
-                    del os.environ["NVFP4_GEMM_CONFIG"]
-            if hasattr(torch.ops.nvfp4_gemm, "_sm90_small_m_cluster"):  # the workspace mode, same splits
-                torch.ops.nvfp4_gemm._sm90_small_m_cluster(False)
-                t = timer.graph_us(ours)
-                torch.ops.nvfp4_gemm._sm90_small_m_cluster(True)
-                line.append(f"auto-workspace {t:.2f} ({t / read:.2f}x)")
-            ks = kernels_per_call(ours)
+            ks = kernels_per_call(timer, ours)
             line.append("kernels/call: " + ", ".join(f"{name} {t:.2f}" for name, t in ks.items()))
             print(" ".join(line), flush=True)
             del sets, ours
