@@ -99,6 +99,17 @@ __device__ void write_scales(const InputScales& s, float* __restrict__ out) {
   out[kAlpha] = s.alpha;
 }
 
+// Programmatic dependent launch (SM 9.0 and newer; launch_dynamic sets the attribute there): the kernel may
+// start while the one ahead of it on the stream is finishing. It waits for that kernel before it reads x or
+// touches its slot, then at once lets the next kernel (the GEMM, which waits for this grid before it reads
+// the scales) launch and prefetch its weights.
+__device__ __forceinline__ void wait_for_predecessor_then_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // x is `rows` rows of `row_chunks` 16-byte chunks, `ld_bytes` apart; a work item is one tile of
 // kTileChunks chunks of one row, and blocks stride over the work items.
 template <InDtype D>
@@ -106,6 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     dynamic_scales_kernel(const uint8_t* __restrict__ x, int64_t ld_bytes, int64_t row_chunks, int64_t tiles_per_row,
                           int64_t work_items, const float* __restrict__ weight_scale_2, float* __restrict__ out,
                           ReductionSlot rs) {
+  wait_for_predecessor_then_release();
   uint32_t* slot = rs.index >= 0 ? g_reduction_slots[rs.index] : rs.words;
   uint32_t m = 0;
   for (int64_t w = blockIdx.x; w < work_items; w += gridDim.x) {
@@ -180,14 +192,29 @@ SlotTable& slot_table() {
   return *table;
 }
 
-cudaError_t sm_count(int* out) {
-  static std::atomic<int> cached[kMaxDevices] = {};
+// A device attribute of the current device, cached per device (`cache` holds value + 1; 0: not read yet).
+cudaError_t device_attribute(cudaDeviceAttr attr, std::atomic<int>* cache, int* out) {
   int dev = 0;
   if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev >= 0 && dev < kMaxDevices && (*out = cached[dev].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
-  if (const cudaError_t e = cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess) return e;
-  if (dev >= 0 && dev < kMaxDevices) cached[dev].store(*out, std::memory_order_relaxed);
+  if (dev >= 0 && dev < kMaxDevices) {
+    if (const int v = cache[dev].load(std::memory_order_relaxed)) {
+      *out = v - 1;
+      return cudaSuccess;
+    }
+  }
+  if (const cudaError_t e = cudaDeviceGetAttribute(out, attr, dev); e != cudaSuccess) return e;
+  if (dev >= 0 && dev < kMaxDevices) cache[dev].store(*out + 1, std::memory_order_relaxed);
   return cudaSuccess;
+}
+
+cudaError_t sm_count(int* out) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return device_attribute(cudaDevAttrMultiProcessorCount, cached, out);
+}
+
+cudaError_t cc_major(int* out) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return device_attribute(cudaDevAttrComputeCapabilityMajor, cached, out);
 }
 
 bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
@@ -199,7 +226,7 @@ bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
 
 template <InDtype D>
 void launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* ws2, float* out,
-                    ReductionSlot slot, int blocks_cap, cudaStream_t stream) {
+                    ReductionSlot slot, int blocks_cap, bool pdl, cudaStream_t stream) {
   const int64_t esize = element_bytes(D);
   // A contiguous x (or a single row) is one long row: tiles then never end early at row ends.
   if (rows <= 1 || ld_x == k) {
@@ -211,9 +238,20 @@ void launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const 
   const int64_t tiles_per_row = (row_chunks + kTileChunks - 1) / kTileChunks;
   const int64_t work = rows * tiles_per_row;
   const int64_t blocks = work < 1 ? 1 : work < blocks_cap ? work : blocks_cap;
-  dynamic_scales_kernel<D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(x), ld_x * esize, row_chunks, tiles_per_row > 0 ? tiles_per_row : 1, work, ws2, out,
-      slot);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {  // see wait_for_predecessor_then_release
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  // The launch's error is read once by input_scales_cuda (cudaGetLastError).
+  cudaLaunchKernelEx(&cfg, dynamic_scales_kernel<D>, static_cast<const uint8_t*>(x), ld_x * esize, row_chunks,
+                     tiles_per_row > 0 ? tiles_per_row : int64_t{1}, work, ws2, out, slot);
 }
 
 }  // namespace
@@ -233,18 +271,20 @@ bool input_scales_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, in
   if (input_scale != nullptr) {
     static_scales_kernel<<<1, 1, 0, stream>>>(input_scale, weight_scale_2, out);
   } else {
-    int sms = 0;
+    int sms = 0, major = 0;
     if (failed(sm_count(&sms), "reading the SM count", err, err_len)) return false;
+    if (failed(cc_major(&major), "reading the compute capability", err, err_len)) return false;
     const int cap = sms * kBlocksPerSm;
+    const bool pdl = major >= 9;
     switch (dtype) {
       case InDtype::kFloat32:
-        launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
+        launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
         break;
       case InDtype::kFloat16:
-        launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
+        launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
         break;
       case InDtype::kBFloat16:
-        launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
+        launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
         break;
     }
   }
