@@ -85,7 +85,7 @@ def force_splits():
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_forced_splits(force_splits, splits):
     force_splits(splits)
-    # (3, 1032, 1312): 9 row blocks x 6 K blocks, so a split count of 2 or 5 deals ranges that cross row blocks.
+    # (3, 1032, 1312): 9 row blocks (the last ragged) x 6 K blocks, uneven splits of the small-M kernel.
     for m, n, k in ((1, 1024, 4096), (130, 392, 2080), (257, 136, 1024), (3, 1032, 1312)):
         inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=m)
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"splits {splits}, ({m}, {n}, {k}), seed {m}")
@@ -182,29 +182,37 @@ def test_small_m_is_selected():
     assert "_smallm_" not in picked[33], picked
 
 
-def test_small_m_keeps_the_8_token_config_on_wide_problems():
-    """The small-M plan deals (row block, K block) units evenly over one wave whatever N is, so M <= 8 takes
-    the 8-token config at N = 28672, K = 4096 (224 row blocks on an H100) as at N = 4096."""
+def test_deep_small_m_config_for_unsplit_grids():
+    """configs.h kDeepSmallM: at M <= 8, a problem the 8-token config would run unsplit below one wave of the
+    16-token config (N = 28672, K = 4096 on an H100's 132 SMs) takes the 16-token config; one it splits
+    (N = 4096) keeps the 8-token config. Both results within SPEC.md's bound."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n_wide = 128 * (2 * sms - 40)
+    # 2 x SMs - 40 row blocks (224 on 132 SMs): too many for a second split of the 8-token config (3 CTAs per
+    # SM), and within one wave of the 16-token config (2 per SM).
+    n_deep = 128 * (2 * sms - 40)
     code = ("import torch, nvfp4_gemm\n"
-            f"for m, n in ((1, {n_wide}), (8, {n_wide}), (1, 4096)):\n"
-            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda')\n"
-            "    b = torch.randint(0, 256, (n, 2048), dtype=torch.uint8, device='cuda')\n"
+            "from nvfp4_gemm.testing import Reference\n"
+            f"for m, n in ((1, {n_deep}), (8, {n_deep}), (1, 4096), (9, {n_deep})):\n"
+            "    g = torch.Generator(device='cuda').manual_seed(m + n)\n"
+            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
+            "    b = torch.randint(0, 256, (n, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
             "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
-            "    nvfp4_gemm.mm(a, b, sf(m), sf(n))\n"
+            "    x = dict(a=a, b=b, sfa=sf(m), sfb=sf(n), alpha=None, out_dtype=torch.float16)\n"
+            "    Reference(x).check(nvfp4_gemm.mm(**x), f'm={m} n={n}')\n"
             "torch.cuda.synchronize()\n")
     lines = _printed_configs(code)
-    assert len(lines) == 3 and all("_smallm_w128xt8_" in ln for ln in lines), lines
+    assert len(lines) == 4, lines
+    assert all("_smallm_w128xt16_" in ln for ln in (lines[0], lines[1], lines[3])), lines
+    assert "_smallm_w128xt8_" in lines[2], lines
 
 
 @pytest.mark.parametrize("m", [1, 8, 16, 32])
 @pytest.mark.parametrize("n, k", [(65536, 256), (65536, 512), (49152, 768), (28672, 4096), (1032, 8224)])
-def test_small_m_units_across_row_blocks(m, n, k):
-    """Balanced small-M schedule (sm90_small_m.cuh, "Work units"): ranges of (row block, K block) units that
-    start and end inside row blocks, CTAs that hold several whole row blocks (N = 65536 at K = 256: more row
-    blocks than one wave has CTAs), a row block summed from several CTAs' partial tiles, a ragged last row
-    block and K % 256 != 0. Output memory is poisoned first, so an unwritten element shows."""
+def test_small_m_grids_past_one_wave(m, n, k):
+    """Small-M grids of every kind at automatic dispatch: more row blocks than one wave has CTAs (N = 65536
+    and 49152 at short K: unsplit, in two waves), a wide unsplit or split grid (N = 28672), many K splits
+    summed per row block with a ragged last row block and K % 256 != 0 (N = 1032, K = 8224). Output memory
+    is poisoned first, so an unwritten element shows."""
     inputs = _gpu_inputs(m, n, k, out_dtype=(torch.float16, torch.bfloat16, torch.float32)[m % 3], alpha=-0.5,
                          seed=m + n + k)
     poison_cuda_allocator(m * n * 4, torch.device("cuda"))

@@ -292,12 +292,10 @@ cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream)
   return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
-// Small-M kernel plan (sm90_small_m.cuh, "Work units"): units = row blocks x K blocks, dealt evenly to `grid`
-// CTAs of at most `units_per_cta` units each.
+// Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
 struct SmallMPlan {
-  int row_blocks = 0, kblocks = 0, grid = 0, units_per_cta = 0, smem = 0;
-  int64_t units = 0;
-  int64_t partial_bytes = 0, counter_bytes = 0;  // zero when grid == row_blocks (no partial sums)
+  int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
+  int64_t partial_bytes = 0, counter_bytes = 0;
 };
 
 SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
@@ -305,34 +303,29 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   SmallMPlan pl;
   pl.row_blocks = static_cast<int>(ceil_div(p.n, kSmallRows));
   pl.kblocks = static_cast<int>(ceil_div(p.k, kSmallKBlock));
-  pl.units = static_cast<int64_t>(pl.row_blocks) * pl.kblocks;
   const int64_t slot_bytes = int64_t{kSmallRows} * c.tokens * 4;  // one CTA's fp32 partial tile
-  // KBMAX caps the units per CTA at what keeps decoded A small enough for ctas_per_sm CTAs per SM; a launch
-  // stages only its live tokens (whole n-tiles), so fewer tokens than the config's allow proportionally more.
+  // One wave of ctas_per_sm CTAs per SM (the launch bound) where N allows: as many K splits as fit next to
+  // the row blocks, so every CTA streams a long K range (a CTA's fixed costs, the A decode and the split
+  // fix-up, are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per
+  // CTA at what keeps decoded A small enough for that many CTAs per SM; a launch stages only its live tokens
+  // (whole n-tiles), so fewer tokens than the config's allow proportionally more K blocks.
   const int live = small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
-  const int64_t cap = std::max<int64_t>(
-      1, std::min<int64_t>(int64_t{c.kt} * c.tokens / live, kSmallMMaxSmem / small_m_smem_bytes(live, 1)));
-  // One wave of ctas_per_sm CTAs per SM (the launch bound) where the cap allows: the fewest units per CTA
-  // that one wave can hold, then the fewest CTAs at that many (fewer contributors per row block to sum).
-  // A forced split count asks for row blocks x splits CTAs instead (tests and benchmarks; a request, not a
-  // promise: decoded A must fit in shared memory).
-  const int64_t slots = static_cast<int64_t>(c.ctas_per_sm) * sms;
-  int64_t grid = 0;
-  if (const int forced = forced_splits()) {
-    grid = std::min<int64_t>(static_cast<int64_t>(pl.row_blocks) * forced, pl.units);
-  } else {
-    grid = ceil_div(pl.units, std::min<int64_t>(ceil_div(pl.units, slots), cap));
-  }
-  // Partial tiles take (grid + row blocks) slots of the bounded workspace.
-  const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 8 * 4, 256);
-  const int64_t max_slots = (kMaxWorkspaceBytes - counters) / slot_bytes;
-  if (grid != pl.row_blocks && grid + pl.row_blocks > max_slots)
-    grid = std::max<int64_t>(1, max_slots - pl.row_blocks);
-  pl.grid = static_cast<int>(std::min<int64_t>(grid, INT_MAX));
-  pl.units_per_cta = static_cast<int>(std::min<int64_t>(ceil_div(pl.units, pl.grid), INT_MAX));
-  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * pl.units_per_cta, int64_t{1} << 30));
-  if (pl.grid != pl.row_blocks) {
-    pl.partial_bytes = round_up((static_cast<int64_t>(pl.grid) + pl.row_blocks) * slot_bytes, 256);
+  const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
+  int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
+  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  // Decoded A for kb blocks must fit in shared memory: a forced split count is a request, not a promise.
+  kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(live, 1))});
+  int64_t splits = ceil_div(pl.kblocks, kb);
+  const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
+  const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
+  splits = std::min(splits, max_splits);
+  kb = ceil_div(pl.kblocks, splits);  // spread evenly: the last split is at most one block short
+  splits = ceil_div(pl.kblocks, kb);
+  pl.kb = static_cast<int>(kb);
+  pl.splits = static_cast<int>(splits);
+  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb, int64_t{1} << 30));
+  if (splits > 1) {
+    pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
   return pl;
@@ -360,7 +353,6 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.x_type = p->a_type;
   sp.partial = pl.partial_bytes ? reinterpret_cast<float4*>(ws) : nullptr;
   sp.counters = pl.partial_bytes ? reinterpret_cast<uint32_t*>(ws + pl.partial_bytes) : nullptr;
-  sp.counted = pl.partial_bytes != 0;
   sp.lda = p->lda;
   sp.ldb = p->ldb;
   sp.ldc = p->ldc;
@@ -368,11 +360,11 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.k = static_cast<int>(p->k);
   sp.sf_atoms = static_cast<int>(ceil_div(p->k / kSfVecSize, kSfAtomCols));
   sp.kblocks = pl.kblocks;
-  sp.row_blocks = pl.row_blocks;
-  sp.units = static_cast<int>(pl.units);  // can_run: units <= INT_MAX
-  sp.grid = pl.grid;
+  sp.kb_per_cta = pl.kb;
+  sp.splits = pl.splits;
   sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
   sp.out_dtype = p->out_dtype;
+  l.row_blocks = pl.row_blocks;
   l.smem = pl.smem;
   l.stream = stream;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
@@ -382,9 +374,8 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
-    if (sp.counted) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
-      if (const cudaError_t z = consumed(launch_zero_counters(sp.counters, pl.row_blocks * 8, stream));
-          z != cudaSuccess) {
+    if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
+      if (const cudaError_t z = consumed(launch_zero_counters(sp.counters, pl.row_blocks, stream)); z != cudaSuccess) {
         if (err && err_len)
           std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,
                         cudaGetErrorString(z));
@@ -396,8 +387,8 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     if (const cudaError_t e = consumed(kSmallMLaunch[config - kNumWgmma][a_col](l));
         e != cudaSuccess) {
       if (err && err_len)
-        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d, %d bytes of shared memory): %s", c.name,
-                      sp.grid, l.smem, cudaGetErrorString(e));
+        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
+                      l.row_blocks, sp.splits, l.smem, cudaGetErrorString(e));
       return false;
     }
   }
@@ -426,13 +417,11 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
-    // 32-bit row, K and unit indices
-    const int64_t units = ceil_div(p->n, kSmallRows) * ceil_div(p->k, kSmallKBlock);
-    if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30) || units > INT_MAX / 2) {
+    if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {  // 32-bit row / K indices
       if (why && why_len)
-        std::snprintf(why, why_len, "%s takes M <= 2^31 - 1, N, K <= 2^30 and at most 2^30 (128-row, 256-K) "
-                      "units; got M=%lld N=%lld K=%lld", kConfigs[config].name, static_cast<long long>(p->m),
-                      static_cast<long long>(p->n), static_cast<long long>(p->k));
+        std::snprintf(why, why_len, "%s takes M <= 2^31 - 1 and N, K <= 2^30; got M=%lld N=%lld K=%lld",
+                      kConfigs[config].name, static_cast<long long>(p->m), static_cast<long long>(p->n),
+                      static_cast<long long>(p->k));
       return false;
     }
     const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
@@ -441,7 +430,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     if (pl.smem > limit) {
       if (why && why_len)
         std::snprintf(why, why_len, "%s: %d K blocks per CTA need %d bytes of shared memory for decoded A, the "
-                      "limit is %lld (fewer forced splits, or a wgmma config)", kConfigs[config].name, pl.units_per_cta, pl.smem,
+                      "limit is %lld (fewer forced splits, or a wgmma config)", kConfigs[config].name, pl.kb, pl.smem,
                       static_cast<long long>(limit));
       return false;
     }
@@ -486,9 +475,22 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
 // Both read the dispatch table (configs.h, kDispatch).
 bool prefers_generic(const Problem* p, const DeviceInfo*) { return dispatch_row(p->m).prefer_generic; }
 
+// configs.h, kDeepSmallM: the 16-token small-M config in place of the 8-token one where the latter would run
+// unsplit at fewer CTAs than its deeper sibling holds in one wave.
+bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
+  const int deep = config_index(kDeepSmallM);
+  if (kConfigs[config].kind != Kind::kSmallM || kConfigs[config].tokens != 8 || deep < 0) return false;
+  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  const SmallMPlan pl = make_small_m_plan(p, config, sms);
+  return pl.splits == 1 && pl.kb > kConfigs[config].stages &&
+         pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
+}
+
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
+  if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
+    return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
   if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
   return -1;
@@ -757,6 +759,9 @@ const char* dispatch_rules() {
       t += line;
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
+      if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
+        t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
+             " would run unsplit and it holds every row block in one wave";
       t += "\n";
       lo = r.m_max + 1;
     }

@@ -28,9 +28,9 @@
   X(256, 128, 3, 1)
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
-// through registers, 128 B rows at a time, (row block, 256-K block) units dealt evenly over one wave of CTAs.
-// X(TOKENS, KBMAX, DEPTH, CTAS): TOKENS = 8 x n-tiles; KBMAX = the most units per CTA the automatic plan
-// picks (decoded A in shared memory is units x TOKENS x 576 bytes, kept small enough for CTAS CTAs per SM); DEPTH = K blocks of B in flight per lane
+// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH, CTAS): TOKENS = 8 x n-tiles;
+// KBMAX = the most 256-K blocks per CTA the automatic split picks (decoded A in shared memory is
+// KB x TOKENS x 576 bytes, kept small enough for CTAS CTAs per SM); DEPTH = K blocks of B in flight per lane
 // (18 registers each); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3).
 // Measured (H100, docs/SM90_NOTES.md v10): 8 tokens, 3 CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us at
 // (1, 7168, 16384)) and 4 of DEPTH 1 (42.2); 16 tokens, 2 CTAs of DEPTH 4 beat 3 (22.0 vs 22.5) and 4 (24.4).
@@ -85,6 +85,13 @@ struct Pick {
 };
 inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 
+// One exception to the rows below (select in backend.cu): where the 8-token small-M config would run
+// unsplit (many row blocks, e.g. an MLP up-projection N = 28672 at K = 4096) and the 16-token one holds every
+// row block in one wave, the 16-token config runs instead. It stages only the live 8 tokens, and keeps
+// 4 K blocks of B in flight per lane instead of 2: such a grid has under 2 CTAs per SM, and its time is
+// the B stream's latency per block.
+inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
+
 struct DispatchRow {
   int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left
   Pick config;
@@ -131,6 +138,9 @@ constexpr bool dispatch_table_is_valid() {
   return true;
 }
 static_assert(dispatch_table_is_valid(), "every row names compiled configs; rows ascend in M, the last is unbounded");
+static_assert(kDispatch[0].config.kind == Kind::kSmallM && kDispatch[0].config.tokens == 8 &&
+                  kDeepSmallM.kind == Kind::kSmallM && kDeepSmallM.tokens == 16,
+              "kDeepSmallM stands in for the first row's 8-token small-M config (select, dispatch_rules)");
 static_assert(kConfigs[config_index(dispatch_row(1).config)].kind == Kind::kSmallM &&
                   kConfigs[config_index(dispatch_row(33).config)].tokens == 64 &&
                   dispatch_row(kPreferGenericFromM).prefer_generic &&

@@ -8,15 +8,7 @@
 // fragments of mma.sync; no producer warp, no barrier per stage, no prepass.
 //
 // Roles: B rows (weights) are the MMA's M = 16 side, the tokens its N = 8 side (TOKENS / 8 n-tiles).
-// CTA = 8 warps x 16 B rows = 128 rows (one row block of the scale layout) at a time.
-//
-// Work units and the balanced schedule: a unit is one (row block, 256-K block) pair, numbered row block
-// major (u = rb * kblocks + kblk). CTA c of a grid of G takes units [c U / G, (c + 1) U / G) of the U in
-// all: every CTA streams the same number of B bytes (within one K block), whatever N and K are, so a grid of
-// one wave ends together. (Whole row blocks per CTA, or a fixed split of each row block, leave a partial last
-// wave or SMs holding 1.2x the average work, e.g. 224 row blocks x 16 K blocks on 132 SMs.) A CTA's range
-// may begin and end inside a row block; it walks its units in order and closes a segment at each row
-// block's last K block and at its own end.
+// CTA = 8 warps x 16 B rows = 128 rows (one row block of the scale layout); grid = row blocks x K splits.
 //
 // K permutation (the same for both operands, so the dot products are unchanged): K is cut into blocks of
 // 256 (128 bytes per row). In a block, lane (g, tig) of a warp owns bytes [16 tig, 16 tig + 16) and
@@ -35,26 +27,21 @@
 // values unchanged, in the same order, and decodes B in A's type (BDecode: exact in both), with the
 // mma.sync of that type.
 //
-// Segments and their sums: a row block's K blocks lie in one CTA's range (that CTA writes C directly) or in
-// several consecutive CTAs' ranges (its contributors). A contributor's warp writes its fp32 16-row tile to
-// the workspace slot (CTA + row block), which is unique, and counts its arrival on the (row block, warp)
-// counter; the last warp to arrive sums the contributors' tiles in CTA order and writes C, so the result
-// does not depend on timing. Warps are independent here (no CTA barrier). A CTA's first segment can be a
-// partial one that closes inside its main loop; its sum, if this warp arrived last, waits until the loop
-// is done (its registers hold the B blocks in flight). The counters are zeroed by a one-block kernel
-// launched just before this grid.
+// Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
+// behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
+// a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
+// not depend on timing. The counters are zeroed by a one-block kernel launched just before this grid.
 //
 // Programmatic dependent launch (PDL), so that a chain of small GEMMs does not pay each launch in full:
 // every launch here may start before the kernel ahead of it on the stream has finished, and each grid
 // lets its successor launch once all its CTAs are past their main loop (not earlier: a successor's CTAs
 // would take the slots of this grid's later CTAs). What runs before the wait for the predecessor
 // (griddepcontrol.wait) is only what cannot read its results:
-//  - whole row blocks per CTA (grid = row blocks, no counters): the predecessor is anyone's kernel; before
-//    the wait a CTA only asks L2 for its first B blocks (a prefetch reads nothing into registers, so it is
-//    right even if that kernel wrote B).
-//  - otherwise: the predecessor is the counter reset, which itself waits for the kernel ahead of it before
-//    it lets this grid launch; so A and B are final when a CTA starts, and it waits only before it counts
-//    its arrival on the counters the reset writes.
+//  - no split: the predecessor is anyone's kernel; before the wait a CTA only asks L2 for its first B
+//    blocks (a prefetch reads nothing into registers, so it is right even if that kernel wrote B).
+//  - split: the predecessor is the counter reset, which itself waits for the kernel ahead of it before it
+//    lets this grid launch; so A and B are final when a CTA starts, and it waits only before it counts its
+//    arrival on the counters the reset writes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,23 +91,22 @@ struct SmallMParams {
   bool a_scale_is_decode;
   AType x_type;
   void* c;
-  float4* partial;      // [grid + row blocks slots][8 warps][TOKENS/8][32 lanes] float4, when counted
-  uint32_t* counters;   // [row blocks][8 warps], zero at launch, when counted
+  float4* partial;      // [row blocks][splits][8 warps][TOKENS/8][32 lanes] float4, when splits > 1
+  uint32_t* counters;   // [row blocks], zero at launch when splits > 1
   int64_t lda, ldb, ldc;
   int m, n, k;
   int sfa_row0;         // row of A's scales that A's row 0 is (launches of TOKENS rows)
   int sf_atoms;         // ceil(K/16 / 4): atoms per row block of either scale tensor
   int kblocks;          // ceil(K / 256)
-  int row_blocks;       // ceil(N / 128)
-  int units;            // row_blocks * kblocks (the host checks it fits)
-  int grid;             // CTAs; grid == row_blocks: one whole row block each, no partial sums
-  bool counted;         // grid != row_blocks: partial sums through partial / counters
+  int kb_per_cta;       // K blocks per split (the last split may have fewer)
+  int splits;
   float out_mult;       // 2^7: the power of two the B decode leaves in the sums
   OutDtype out_dtype;
 };
 
 struct SmallMLaunch {
   SmallMParams params;
+  int row_blocks;
   int smem;
   cudaStream_t stream;
 };
@@ -149,12 +135,8 @@ __device__ __forceinline__ uint32_t ld_scale_pair(const uint8_t* sf, int64_t sf_
   return __ldg(reinterpret_cast<const uint16_t*>(q));
 }
 
-// Unit (rb, kblk) for the lane at row rloc of the block (row offsets of rows rloc and rloc + 8 in a scale atom:
-// sf_row_off, sf_row_off8).
-__device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, int rb, int rloc, int sf_row_off,
-                                            int sf_row_off8, int kblk, int tig) {
-  const int row = rb * kSmallRows + rloc;
-  const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
+__device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, int row, int sf_row_off, int sf_row_off8,
+                                            int64_t sf_rb_base, int kblk, int tig) {
   const int kel = kblk * kSmallKBlock + tig * 32;
   const uint8_t* src = p.b + static_cast<int64_t>(row) * p.ldb + kblk * (kSmallKBlock / 2) + tig * 16;
   const bool r0 = row < p.n, r1 = row + 8 < p.n;
@@ -247,120 +229,6 @@ __device__ __forceinline__ void store_small(const SmallMParams& p, int token, in
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
 }
 
-// The balanced schedule (see the top): CTA c's first unit, and the CTA whose range holds unit u.
-__device__ __forceinline__ int unit_begin(const SmallMParams& p, int c) {
-  return static_cast<int>(static_cast<int64_t>(c) * p.units / p.grid);
-}
-__device__ __forceinline__ int cta_of_unit(const SmallMParams& p, int u) {
-  return static_cast<int>(((static_cast<int64_t>(u) + 1) * p.grid - 1) / p.units);
-}
-
-// A (row block, K block) cursor over a CTA's units, in order.
-struct UnitCursor {
-  int rb, kblk;
-  __device__ __forceinline__ void next(int kblocks) {
-    if (++kblk == kblocks) {
-      kblk = 0;
-      ++rb;
-    }
-  }
-};
-
-// This warp's 16 rows of row block rb: C = sums x 2^7 x alpha, rounded once to the output type.
-template <int NT>
-__device__ __forceinline__ void store_rows(const SmallMParams& p, int rb, int rloc, int tig, const float (&acc)[NT][4]) {
-  const float alpha = alpha_of(p.alpha, p.alpha2);
-  const int row = rb * kSmallRows + rloc;
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = j * 8 + 2 * tig + (e & 1), col = row + (e >> 1) * 8;
-      const float v = (acc[j][e] * p.out_mult) * alpha;
-      switch (p.out_dtype) {
-        case OutDtype::kFloat16: store_small<__half>(p, token, col, v); break;
-        case OutDtype::kBFloat16: store_small<__nv_bfloat16>(p, token, col, v); break;
-        default: store_small<float>(p, token, col, v); break;
-      }
-    }
-  }
-}
-
-// This warp's slot for row block rb's partial tile (see "Segments" at the top), lane's first float4.
-template <int NT>
-__device__ __forceinline__ float4* partial_slot(const SmallMParams& p, int cta, int rb, int warp, int lane) {
-  return p.partial + (static_cast<int64_t>(cta + rb) * 8 + warp) * NT * 32 + lane;
-}
-
-template <int NT>
-__device__ __forceinline__ void store_partial(const SmallMParams& p, int rb, int warp, int lane, const float (&acc)[NT][4]) {
-  float4* part = partial_slot<NT>(p, blockIdx.x, rb, warp, lane);
-#pragma unroll
-  for (int j = 0; j < NT; ++j) __stcg(part + j * 32, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
-}
-
-// Closes this warp's segment of row block rb: writes C if this CTA is the row block's only contributor,
-// else publishes the partial tile (already in its slot when in_slot) and counts the arrival. True when
-// this warp is the last of the row block's contributors to arrive: it then owes the sum (sum_partials).
-template <int NT>
-__device__ __forceinline__ bool close_segment(const SmallMParams& p, int rb, int warp, int lane, int rloc, int tig,
-                                              const float (&acc)[NT][4], bool in_slot) {
-  const int first = cta_of_unit(p, rb * p.kblocks), last = cta_of_unit(p, rb * p.kblocks + p.kblocks - 1);
-  if (first == last) {
-    store_rows<NT>(p, rb, rloc, tig, acc);
-    return false;
-  }
-  if (!in_slot) store_partial<NT>(p, rb, warp, lane, acc);
-  __threadfence();
-  __syncwarp();
-  cudaGridDependencySynchronize();  // the counter reset, launched just before this grid, is done
-  uint32_t arrived = 0;
-  if (lane == 0) arrived = atomicAdd(p.counters + rb * 8 + warp, 1u);
-  arrived = __shfl_sync(0xffffffffu, arrived, 0);
-  return arrived == static_cast<uint32_t>(last - first);
-}
-
-// The last arriver's sum of row block rb's partial tiles, in contributor (CTA) order whatever the arrival
-// order: bitwise the same result on every call. The tiles of kBatch contributors are loaded before any is
-// added, so the sum waits one L2 round trip per batch.
-template <int NT>
-__device__ __forceinline__ void sum_partials(const SmallMParams& p, int rb, int warp, int lane, int rloc, int tig) {
-  __threadfence();
-  const int first = cta_of_unit(p, rb * p.kblocks), n = cta_of_unit(p, rb * p.kblocks + p.kblocks - 1) - first + 1;
-  constexpr int kBatch = 8 / NT > 0 ? 8 / NT : 1;  // 32 registers of loads in flight
-  const float4* base = partial_slot<NT>(p, first, rb, warp, lane);
-  constexpr int64_t kSlotStride = 8 * NT * 32;  // consecutive CTAs of one row block: consecutive slots
-  float4 sum[NT];
-  for (int q0 = 0; q0 < n; q0 += kBatch) {
-    float4 v[kBatch][NT];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        if (q0 + b < n) v[b][j] = __ldcg(base + (q0 + b) * kSlotStride + j * 32);
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (q0 + b >= n) continue;
-        if (q0 + b == 0) {
-          sum[j] = v[b][j];
-        } else {
-          sum[j].x += v[b][j].x; sum[j].y += v[b][j].y; sum[j].z += v[b][j].z; sum[j].w += v[b][j].w;
-        }
-      }
-  }
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    acc[j][0] = sum[j].x;
-    acc[j][1] = sum[j].y;
-    acc[j][2] = sum[j].z;
-    acc[j][3] = sum[j].w;
-  }
-  store_rows<NT>(p, rb, rloc, tig, acc);
-}
-
 // A: what A holds (e2m1 with scales, or fp16 / bf16 activations); the MMA runs in A's 16-bit type.
 template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
 __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __grid_constant__ SmallMParams p) {
@@ -370,20 +238,23 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   constexpr Elem E = A == AType::kBFloat16 ? Elem::kBf16 : Elem::kHalf;
   constexpr bool kA16 = A != AType::kE2m1;
   extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ uint32_t s_last;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int u0 = unit_begin(p, blockIdx.x);
-  const int nkb = unit_begin(p, blockIdx.x + 1) - u0;  // this CTA's units (K blocks)
-  const int rb0 = u0 / p.kblocks, kblk0 = u0 - rb0 * p.kblocks;
+  const int rb = blockIdx.x, split = blockIdx.y;
+  const int kb0 = split * p.kb_per_cta;
+  const int nkb = min(p.kb_per_cta, p.kblocks - kb0);
   const int rloc = warp * 16 + g;  // row inside the 128-row block
+  const int row = rb * kSmallRows + rloc;
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
+  const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
 
-  if (!p.counted) {  // see the PDL note above; here the CTA is row block rb0, K blocks 0..kblocks-1
-    prefetch_b_l2(p, rb0 * kSmallRows + rloc, 0, min(nkb, DEPTH), tig);
+  if (p.splits == 1) {  // see the PDL note above
+    prefetch_b_l2(p, row, kb0, min(nkb, DEPTH), tig);
     cudaGridDependencySynchronize();
   }
 
-  // A for this CTA's units (block blk: K block (kblk0 + blk) mod kblocks), decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
+  // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
   // and K past the end are zeros. One thread per 16-byte chunk of A (32 K, two scale groups): chunk c of a
   // block is the lane-tig = c % 4 half c / 4 of the permutation above. A batch's loads are all issued
   // before its first decode (one round trip per batch, not per chunk); the first batch goes out ahead of
@@ -404,8 +275,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
       const int chunk = idx / kItemsPerChunk, v = idx % kItemsPerChunk;
       const int t = chunk / per_token, rem = chunk - t * per_token;
       const int blk = rem >> 3, c = rem & 7;
-      const int kblk = (kblk0 + blk) % p.kblocks;
-      const int kg = kblk * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128;
+      const int kg = (kb0 + blk) * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128;
       aw[x] = make_uint4(0, 0, 0, 0);
       asp[x] = 0;
       if (idx < n_items && t < p.m && kg < p.k) {
@@ -414,7 +284,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
         } else {
           aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
           const int r = p.sfa_row0 + t;  // SPEC.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
-          asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kblk,
+          asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kb0 + blk,
                                  (c & 3) + 4 * (c >> 2), (r % 32) * 16 + ((r % 128) / 32) * 4);
         }
       }
@@ -467,7 +337,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
         const int t = chunk / per_token, rem = chunk - t * per_token;
         const int blk = rem >> 3, c = rem & 7;
         ts[b] = t;
-        kgs[b] = (kblk0 + blk) % p.kblocks * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128 + 16 * grp;
+        kgs[b] = (kb0 + blk) * kSmallKBlock + (c & 3) * 32 + (c >> 2) * 128 + 16 * grp;
         if (idx < n_chunks * 2 && t < p.m && kgs[b] < p.k)
           load_group(p.x_type, p.a + static_cast<int64_t>(t) * p.lda + static_cast<int64_t>(kgs[b]) * eb, raw[b]);
       }
@@ -497,13 +367,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
 
   // Then B: DEPTH blocks per lane are in flight while the CTA decodes A.
   BBlock buf[DEPTH];
-  UnitCursor ld{rb0, kblk0};
 #pragma unroll
   for (int d = 0; d < DEPTH; ++d)
-    if (d < nkb) {
-      load_bblock(buf[d], p, ld.rb, rloc, sf_off, sf_off8, ld.kblk, tig);
-      ld.next(p.kblocks);
-    }
+    if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
 
   if (!quantize) {
     store_a(tid);
@@ -517,49 +383,78 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // A segment that closes inside the loop (a row block's last K block before this CTA's last unit) only
-  // parks its sums in its workspace slot; they are published after the loop, where the B blocks in flight
-  // no longer hold registers. (Such segments exist only where grid != row blocks, i.e. with a workspace.)
-  UnitCursor at{rb0, kblk0};
   for (int base = 0; base < nkb; base += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
       const int blk = base + d;
       if (blk < nkb) {
         compute_bblock<NT, E>(buf[d], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
-        if (blk + DEPTH < nkb) {
-          load_bblock(buf[d], p, ld.rb, rloc, sf_off, sf_off8, ld.kblk, tig);
-          ld.next(p.kblocks);
-        }
-        if (at.kblk == p.kblocks - 1 && blk + 1 < nkb) {
-          store_partial<NT>(p, at.rb, warp, lane, acc);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-        }
-        at.next(p.kblocks);
+        if (blk + DEPTH < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + blk + DEPTH, tig);
       }
     }
   }
 
   cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
 
-  // The segments parked in the loop (row blocks rb0 .. last_rb - 1), then the last one (at is one past
-  // this CTA's last unit); each closed segment may leave this warp owing its row block's sum.
-  const int last_rb = at.kblk == 0 ? at.rb - 1 : at.rb;
-  for (int rb = rb0; rb < last_rb; ++rb) {
-    const float4* part = partial_slot<NT>(p, blockIdx.x, rb, warp, lane);
-    float parked[NT][4];
+  if (p.splits > 1) {
+    float4* part = p.partial + ((static_cast<int64_t>(rb) * p.splits + split) * 8 + warp) * NT * 32;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+    __threadfence();
+    __syncthreads();
+    cudaGridDependencySynchronize();  // the counter reset, launched just before this grid, is done
+    if (tid == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // Split order, whatever the arrival order: bitwise the same result on every call. The partials of
+    // kBatch splits are loaded before any is added, so the sum waits one L2 round trip per batch.
+    constexpr int kBatch = 16 / NT;
+    const float4* base = p.partial + (static_cast<int64_t>(rb) * p.splits * 8 + warp) * NT * 32 + lane;
+    const int64_t split_stride = 8 * NT * 32;
+    float4 sum[NT];
+    for (int q0 = 0; q0 < p.splits; q0 += kBatch) {
+      float4 v[kBatch][NT];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          if (q0 + b < p.splits) v[b][j] = __ldcg(base + (q0 + b) * split_stride + j * 32);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (q0 + b >= p.splits) continue;
+          if (q0 + b == 0) {
+            sum[j] = v[b][j];
+          } else {
+            sum[j].x += v[b][j].x; sum[j].y += v[b][j].y; sum[j].z += v[b][j].z; sum[j].w += v[b][j].w;
+          }
+        }
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const float4 v = __ldcg(part + j * 32);
-      parked[j][0] = v.x;
-      parked[j][1] = v.y;
-      parked[j][2] = v.z;
-      parked[j][3] = v.w;
+      acc[j][0] = sum[j].x;
+      acc[j][1] = sum[j].y;
+      acc[j][2] = sum[j].z;
+      acc[j][3] = sum[j].w;
     }
-    if (close_segment<NT>(p, rb, warp, lane, rloc, tig, parked, true)) sum_partials<NT>(p, rb, warp, lane, rloc, tig);
   }
-  if (close_segment<NT>(p, last_rb, warp, lane, rloc, tig, acc, false)) sum_partials<NT>(p, last_rb, warp, lane, rloc, tig);
+
+  const float alpha = alpha_of(p.alpha, p.alpha2);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = j * 8 + 2 * tig + (e & 1), col = row + (e >> 1) * 8;
+      const float v = (acc[j][e] * p.out_mult) * alpha;
+      switch (p.out_dtype) {
+        case OutDtype::kFloat16: store_small<__half>(p, token, col, v); break;
+        case OutDtype::kBFloat16: store_small<__nv_bfloat16>(p, token, col, v); break;
+        default: store_small<float>(p, token, col, v); break;
+      }
+    }
+  }
 }
 
 template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
@@ -570,7 +465,7 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(l.params.grid);
+  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
   cfg.blockDim = dim3(kSmallThreads);
   cfg.dynamicSmemBytes = l.smem;
   cfg.stream = l.stream;
