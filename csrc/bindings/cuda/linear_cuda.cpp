@@ -82,21 +82,24 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::
   }
   const at::ScalarType mm_dtype = mm_dtype_for(s, bias);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor scales = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
   const bool rows = x2.size(0) > 0;  // an empty batch: nothing to scale or quantize; mm returns the empty result
-  if (rows && !input_scale.has_value()) launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
   // Where an arch kernel quantizes x itself (sm90), one GEMM call does the rest: static takes the decode
   // scale and weight_scale_2 as they are (encode = 1 / decode and alpha = decode * weight_scale_2 formed in
-  // the kernel), dynamic the buffer's encode scale and alpha. Bit for bit the path below.
-  if (rows) {
-    std::optional<at::Tensor> fused =
-        input_scale.has_value()
-            ? mm_quantized_a_cuda(x2, weight, weight_scale, *input_scale, /*a_scale_is_decode=*/true, *input_scale,
-                                  weight_scale_2, mm_dtype)
-            : mm_quantized_a_cuda(x2, weight, weight_scale, scales.narrow(0, quant::kEncode, 1),
-                                  /*a_scale_is_decode=*/false, scales.narrow(0, quant::kAlpha, 1), std::nullopt,
-                                  mm_dtype);
-    if (fused) return finish_linear(std::move(*fused), bias, s);
+  // the kernel; no scale buffer is needed), dynamic the buffer's encode scale and alpha. Bit for bit the
+  // path below.
+  if (rows && input_scale.has_value()) {
+    if (std::optional<at::Tensor> fused = mm_quantized_a_cuda(x2, weight, weight_scale, *input_scale,
+                                                              /*a_scale_is_decode=*/true, *input_scale,
+                                                              weight_scale_2, mm_dtype))
+      return finish_linear(std::move(*fused), bias, s);
+  }
+  at::Tensor scales = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
+  if (rows && !input_scale.has_value()) {
+    launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
+    if (std::optional<at::Tensor> fused = mm_quantized_a_cuda(
+            x2, weight, weight_scale, scales.narrow(0, quant::kEncode, 1), /*a_scale_is_decode=*/false,
+            scales.narrow(0, quant::kAlpha, 1), std::nullopt, mm_dtype))
+      return finish_linear(std::move(*fused), bias, s);
   }
   const QuantShape q = check_quantize_inputs(x2, std::nullopt);
   auto [packed, sf] = empty_quantize_outputs(x2, q);
