@@ -99,8 +99,9 @@ __device__ void write_scales(const InputScales& s, float* __restrict__ out) {
   out[kAlpha] = s.alpha;
 }
 
-// Programmatic dependent launch (SM 9.0 and newer; launch_dynamic sets the attribute there): the kernel may
-// start while the one ahead of it on the stream is finishing. It waits for that kernel before it reads x or
+// Programmatic dependent launch (where this code is compiled for SM 9.0 or newer: launch_dynamic sets the
+// attribute only then, see waits_for_predecessor): the kernel may start while the one ahead of it on the
+// stream is finishing. It waits for that kernel before it reads x or
 // touches its slot, then at once lets the next kernel (the GEMM, which waits for this grid before it reads
 // the scales) launch and prefetch its weights.
 __device__ __forceinline__ void wait_for_predecessor_then_release() {
@@ -192,8 +193,10 @@ SlotTable& slot_table() {
   return *table;
 }
 
-// A device attribute of the current device, cached per device (`cache` holds value + 1; 0: not read yet).
-cudaError_t device_attribute(cudaDeviceAttr attr, std::atomic<int>* cache, int* out) {
+// A value of the current device, read once per device by `read` (int* -> cudaError_t) and cached (`cache`
+// holds value + 1; 0: not read yet).
+template <typename Read>
+cudaError_t cached_per_device(std::atomic<int>* cache, int* out, Read read) {
   int dev = 0;
   if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev >= 0 && dev < kMaxDevices) {
@@ -202,19 +205,31 @@ cudaError_t device_attribute(cudaDeviceAttr attr, std::atomic<int>* cache, int* 
       return cudaSuccess;
     }
   }
-  if (const cudaError_t e = cudaDeviceGetAttribute(out, attr, dev); e != cudaSuccess) return e;
+  if (const cudaError_t e = read(dev, out); e != cudaSuccess) return e;
   if (dev >= 0 && dev < kMaxDevices) cache[dev].store(*out + 1, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
 cudaError_t sm_count(int* out) {
   static std::atomic<int> cached[kMaxDevices] = {};
-  return device_attribute(cudaDevAttrMultiProcessorCount, cached, out);
+  return cached_per_device(cached, out, [](int dev, int* v) {
+    return cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, dev);
+  });
 }
 
-cudaError_t cc_major(int* out) {
+// 1 if the dynamic kernel that runs on this device holds griddepcontrol.wait, i.e. was compiled from PTX for
+// SM 9.0 or newer (ptxVersion: the virtual architecture, as CUB reads it); only then may it be launched as a
+// programmatic dependent. A build without such a target JIT-compiles older PTX on a newer GPU: that code has
+// no wait, and launched early it would read x before the kernel ahead finished writing it.
+template <InDtype D>
+cudaError_t waits_for_predecessor(int* out) {
   static std::atomic<int> cached[kMaxDevices] = {};
-  return device_attribute(cudaDevAttrComputeCapabilityMajor, cached, out);
+  return cached_per_device(cached, out, [](int, int* v) {
+    cudaFuncAttributes a{};
+    const cudaError_t e = cudaFuncGetAttributes(&a, dynamic_scales_kernel<D>);
+    *v = e == cudaSuccess && a.ptxVersion >= 90 ? 1 : 0;
+    return e;
+  });
 }
 
 bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
@@ -271,20 +286,24 @@ bool input_scales_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, in
   if (input_scale != nullptr) {
     static_scales_kernel<<<1, 1, 0, stream>>>(input_scale, weight_scale_2, out);
   } else {
-    int sms = 0, major = 0;
+    int sms = 0, pdl = 0;
     if (failed(sm_count(&sms), "reading the SM count", err, err_len)) return false;
-    if (failed(cc_major(&major), "reading the compute capability", err, err_len)) return false;
     const int cap = sms * kBlocksPerSm;
-    const bool pdl = major >= 9;
     switch (dtype) {
       case InDtype::kFloat32:
-        launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
+        if (failed(waits_for_predecessor<InDtype::kFloat32>(&pdl), "reading the kernel's attributes", err, err_len))
+          return false;
+        launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
         break;
       case InDtype::kFloat16:
-        launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
+        if (failed(waits_for_predecessor<InDtype::kFloat16>(&pdl), "reading the kernel's attributes", err, err_len))
+          return false;
+        launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
         break;
       case InDtype::kBFloat16:
-        launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl, stream);
+        if (failed(waits_for_predecessor<InDtype::kBFloat16>(&pdl), "reading the kernel's attributes", err, err_len))
+          return false;
+        launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
         break;
     }
   }
