@@ -85,7 +85,7 @@ def force_splits():
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_forced_splits(force_splits, splits):
     force_splits(splits)
-    # (3, 1032, 1312): 9 row blocks (the last ragged) x 6 K blocks, uneven splits of the small-M kernel.
+    # (3, 1032, 1312): small-M, 9 row blocks (the last ragged) x 6 K blocks (the last partial: K % 256 = 32).
     for m, n, k in ((1, 1024, 4096), (130, 392, 2080), (257, 136, 1024), (3, 1032, 1312)):
         inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=m)
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"splits {splits}, ({m}, {n}, {k}), seed {m}")
@@ -209,10 +209,10 @@ def test_deep_small_m_config_for_unsplit_grids():
 @pytest.mark.parametrize("m", [1, 8, 16, 32])
 @pytest.mark.parametrize("n, k", [(65536, 256), (65536, 512), (49152, 768), (28672, 4096), (1032, 8224)])
 def test_small_m_grids_past_one_wave(m, n, k):
-    """Small-M grids of every kind at automatic dispatch: more row blocks than one wave has CTAs (N = 65536
-    and 49152 at short K: unsplit, in two waves), a wide unsplit or split grid (N = 28672), many K splits
-    summed per row block with a ragged last row block and K % 256 != 0 (N = 1032, K = 8224). Output memory
-    is poisoned first, so an unwritten element shows."""
+    """Small-M grids of every kind at automatic dispatch: unsplit grids of 512 and 384 row blocks at short K
+    (N = 65536, 49152), past one wave wherever they outnumber the config's CTA slots; a wide unsplit or split
+    grid (N = 28672); 33 K splits summed per row block with a ragged last row block and K % 256 != 0
+    (N = 1032, K = 8224). Output memory is poisoned first, so an unwritten element shows."""
     inputs = _gpu_inputs(m, n, k, out_dtype=(torch.float16, torch.bfloat16, torch.float32)[m % 3], alpha=-0.5,
                          seed=m + n + k)
     poison_cuda_allocator(m * n * 4, torch.device("cuda"))
