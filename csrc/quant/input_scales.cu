@@ -101,9 +101,9 @@ __device__ void write_scales(const InputScales& s, float* __restrict__ out) {
 
 // Programmatic dependent launch (where this code is compiled for SM 9.0 or newer: launch_dynamic sets the
 // attribute only then, see waits_for_predecessor): the kernel may start while the one ahead of it on the
-// stream is finishing. It waits for that kernel before it reads x or
-// touches its slot, then at once lets the next kernel (the GEMM, which waits for this grid before it reads
-// the scales) launch and prefetch its weights.
+// stream is finishing. It waits for that kernel before it reads x or touches its slot, then at once lets
+// the next kernel (the GEMM, which waits for this grid before it reads the scales) launch and prefetch its
+// weights.
 __device__ __forceinline__ void wait_for_predecessor_then_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -239,9 +239,13 @@ bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
   return true;
 }
 
+// The launch's own error is read once by input_scales_cuda (cudaGetLastError); the return value is that of
+// reading the kernel's attributes.
 template <InDtype D>
-void launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* ws2, float* out,
-                    ReductionSlot slot, int blocks_cap, bool pdl, cudaStream_t stream) {
+cudaError_t launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* ws2, float* out,
+                           ReductionSlot slot, int blocks_cap, cudaStream_t stream) {
+  int pdl = 0;
+  if (const cudaError_t e = waits_for_predecessor<D>(&pdl); e != cudaSuccess) return e;
   const int64_t esize = element_bytes(D);
   // A contiguous x (or a single row) is one long row: tiles then never end early at row ends.
   if (rows <= 1 || ld_x == k) {
@@ -258,15 +262,15 @@ void launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const 
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  if (pdl) {  // see wait_for_predecessor_then_release
+  if (pdl != 0) {  // see wait_for_predecessor_then_release
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
-  // The launch's error is read once by input_scales_cuda (cudaGetLastError).
   cudaLaunchKernelEx(&cfg, dynamic_scales_kernel<D>, static_cast<const uint8_t*>(x), ld_x * esize, row_chunks,
                      tiles_per_row > 0 ? tiles_per_row : int64_t{1}, work, ws2, out, slot);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -286,26 +290,22 @@ bool input_scales_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, in
   if (input_scale != nullptr) {
     static_scales_kernel<<<1, 1, 0, stream>>>(input_scale, weight_scale_2, out);
   } else {
-    int sms = 0, pdl = 0;
+    int sms = 0;
     if (failed(sm_count(&sms), "reading the SM count", err, err_len)) return false;
     const int cap = sms * kBlocksPerSm;
+    cudaError_t e = cudaSuccess;
     switch (dtype) {
       case InDtype::kFloat32:
-        if (failed(waits_for_predecessor<InDtype::kFloat32>(&pdl), "reading the kernel's attributes", err, err_len))
-          return false;
-        launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
+        e = launch_dynamic<InDtype::kFloat32>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
         break;
       case InDtype::kFloat16:
-        if (failed(waits_for_predecessor<InDtype::kFloat16>(&pdl), "reading the kernel's attributes", err, err_len))
-          return false;
-        launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
+        e = launch_dynamic<InDtype::kFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
         break;
       case InDtype::kBFloat16:
-        if (failed(waits_for_predecessor<InDtype::kBFloat16>(&pdl), "reading the kernel's attributes", err, err_len))
-          return false;
-        launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, pdl != 0, stream);
+        e = launch_dynamic<InDtype::kBFloat16>(x, rows, k, ld_x, weight_scale_2, out, slot, cap, stream);
         break;
     }
+    if (failed(e, "reading the input-scales kernel's attributes", err, err_len)) return false;
   }
   // Read once: cudaGetLastError also clears the error, so a second call would report "no error".
   const cudaError_t e = cudaGetLastError();
