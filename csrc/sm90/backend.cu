@@ -32,10 +32,10 @@ namespace nvfp4_gemm::sm90 {
   extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16>(const LaunchArgs&);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
-#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B)                                                        \
-  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kE2m1>(const SmallMLaunch&);    \
-  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kFloat16>(const SmallMLaunch&); \
-  extern template cudaError_t launch_small_m<T, KB, D, B, AType::kBFloat16>(const SmallMLaunch&);
+#define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B, R)                                                        \
+  extern template cudaError_t launch_small_m<T, KB, D, B, R, AType::kE2m1>(const SmallMLaunch&);    \
+  extern template cudaError_t launch_small_m<T, KB, D, B, R, AType::kFloat16>(const SmallMLaunch&); \
+  extern template cudaError_t launch_small_m<T, KB, D, B, R, AType::kBFloat16>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
 
@@ -48,9 +48,9 @@ constexpr LaunchFn kLaunch[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
 using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
-#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B)                                                         \
-  {&launch_small_m<T, KB, D, B, AType::kE2m1>, &launch_small_m<T, KB, D, B, AType::kFloat16>, \
-   &launch_small_m<T, KB, D, B, AType::kBFloat16>},
+#define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B, R)                                                         \
+  {&launch_small_m<T, KB, D, B, R, AType::kE2m1>, &launch_small_m<T, KB, D, B, R, AType::kFloat16>, \
+   &launch_small_m<T, KB, D, B, R, AType::kBFloat16>},
 constexpr SmallMLaunchFn kSmallMLaunch[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
 #undef NVFP4_SM90_SMALL_M_LAUNCH
 static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
@@ -64,7 +64,7 @@ bool is_a16(const Problem& p) {
 }
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
-#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B),
+#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B, R) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R),
 constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
                                             NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)};
 #undef NVFP4_SM90_NAME_ENTRY
@@ -313,8 +313,13 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
   if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
-  // Decoded A for kb blocks must fit in shared memory: a forced split count is a request, not a promise.
-  kb = std::min<int64_t>({kb, pl.kblocks, std::max(1, kSmallMMaxSmem / small_m_smem_bytes(live, 1))});
+  // Decoded A for kb blocks (and the B ring) must fit in shared memory: a forced split count is a request,
+  // not a promise.
+  const int ring_bytes = small_m_ring_bytes(c.ring);
+  kb = std::min<int64_t>(
+      {kb, pl.kblocks, std::max(1, (kSmallMMaxSmem - ring_bytes) / small_m_smem_bytes(live, 1))});
+  // The ring variant's splits of a row block are one cluster: at most kMaxRingSplits of them.
+  if (c.ring > 0) kb = std::max<int64_t>(kb, ceil_div(pl.kblocks, kMaxRingSplits));
   int64_t splits = ceil_div(pl.kblocks, kb);
   const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
   const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
@@ -323,8 +328,9 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   splits = ceil_div(pl.kblocks, kb);
   pl.kb = static_cast<int>(kb);
   pl.splits = static_cast<int>(splits);
-  pl.smem = static_cast<int>(std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb, int64_t{1} << 30));
-  if (splits > 1) {
+  pl.smem = static_cast<int>(
+      std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
+  if (splits > 1 && c.ring == 0) {  // the ring variant reduces in the cluster: no workspace
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
@@ -374,7 +380,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
-    if (sp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
+    if (sp.splits > 1 && c.ring == 0) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
       if (const cudaError_t z = consumed(launch_zero_counters(sp.counters, pl.row_blocks, stream)); z != cudaSuccess) {
         if (err && err_len)
           std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,
@@ -436,6 +442,10 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     if (reinterpret_cast<uintptr_t>(p->sfa) % 2 != 0 || reinterpret_cast<uintptr_t>(p->sfb) % 2 != 0) {
       set_msg(why, why_len, "sm90: sfa and sfb must be 2-byte aligned (16-bit scale loads)");
+      return false;
+    }
+    if (kConfigs[config].ring > 0 && reinterpret_cast<uintptr_t>(p->sfb) % 4 != 0) {
+      set_msg(why, why_len, "sm90: the ring small-M configs need sfb 4-byte aligned (32-bit scale copies)");
       return false;
     }
     return true;

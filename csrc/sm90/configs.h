@@ -28,16 +28,20 @@
   X(256, 128, 3, 1)
 
 // The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
-// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH, CTAS): TOKENS = 8 x n-tiles;
+// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH, CTAS, RING): TOKENS = 8 x n-tiles;
 // KBMAX = the most 256-K blocks per CTA the automatic split picks (decoded A in shared memory is
 // KB x TOKENS x 576 bytes, kept small enough for CTAS CTAs per SM); DEPTH = K blocks of B in flight per lane
-// (18 registers each); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3).
+// (18 registers each); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3); RING = 0
+// for that register buffer, else the stages of a per-thread cp.async ring in shared memory (DEPTH unused)
+// whose K splits reduce through distributed shared memory in a cluster (no workspace, no counter reset).
 // Measured (H100, docs/SM90_NOTES.md v10): 8 tokens, 3 CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us at
 // (1, 7168, 16384)) and 4 of DEPTH 1 (42.2); 16 tokens, 2 CTAs of DEPTH 4 beat 3 (22.0 vs 22.5) and 4 (24.4).
 #define NVFP4_SM90_SMALL_M_CONFIGS(X) \
-  X(8, 16, 2, 3)                      \
-  X(16, 12, 4, 2)                     \
-  X(32, 6, 3, 2)
+  X(8, 16, 2, 3, 0)                   \
+  X(16, 12, 4, 2, 0)                  \
+  X(32, 6, 3, 2, 0)                   \
+  X(8, 10, 0, 2, 3)                   \
+  X(16, 5, 0, 2, 3)
 
 namespace nvfp4_gemm::sm90 {
 
@@ -50,12 +54,13 @@ struct KernelConfig {
   int kt;      // K per pipeline stage (wgmma); K blocks of 256 per CTA at most (small-M)
   int stages;  // TMA pipeline depth (wgmma); B blocks in flight per lane (small-M)
   int ctas_per_sm;
+  int ring = 0;  // small-M: stages of the shared-memory B ring, 0 for the register buffer
 };
 
 #define NVFP4_SM90_NAME(T, KT, S, B) "sm90_nvfp4_w128xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
-#define NVFP4_SM90_SMALL_M_NAME(T, KB, D, B) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_b" #B "_mma16816"
+#define NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_b" #B "_r" #R "_mma16816"
 #define NVFP4_SM90_ENTRY(T, KT, S, B) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B), Kind::kWgmma, T, KT, S, B},
-#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D, B) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D, B), Kind::kSmallM, T, KB, D, B},
+#define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D, B, R) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R), Kind::kSmallM, T, KB, D, B, R},
 // wgmma entries first, then the small-M ones: indices are what select / run / NVFP4_GEMM_CONFIG use.
 inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)
                                                 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_ENTRY)};

@@ -22,7 +22,8 @@ def configs():
 def small_m_configs():
     text = open(os.path.join(HERE, "configs.h")).read()
     block = re.search(r"#define NVFP4_SM90_SMALL_M_CONFIGS\(X\)(.*?)\n\n", text, re.S).group(1)
-    return [tuple(int(v) for v in x) for x in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)]
+    return [tuple(int(v) for v in x)
+            for x in re.findall(r"X\((\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\)", block)]
 
 
 def name(tokens, kt, stages, ctas_per_sm):
@@ -51,10 +52,10 @@ def main():
         for suffix, elem in (("f16", "kHalf"), ("bf16", "kBf16")):
             write(f"{name(t, kt, s, b)}_{suffix}.cu", "sm90_gemm.cuh",
                   f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}, Elem::{elem}>(const LaunchArgs&);")
-    for t, kb, d, b in small_m_configs():
+    for t, kb, d, b, r in small_m_configs():
         for suffix, atype in (("e2m1", "kE2m1"), ("f16", "kFloat16"), ("bf16", "kBFloat16")):
-            write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_mma16816_{suffix}.cu", "sm90_small_m.cuh",
-                  f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, AType::{atype}>(const SmallMLaunch&);")
+            write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_r{r}_mma16816_{suffix}.cu", "sm90_small_m.cuh",
+                  f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, {r}, AType::{atype}>(const SmallMLaunch&);")
     for fn in os.listdir(out):
         if fn.endswith(".cu") and fn not in wanted:
             os.remove(os.path.join(out, fn))

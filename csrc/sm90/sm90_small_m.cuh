@@ -49,6 +49,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
 #include <cute/arch/mma_sm80.hpp>
 
 #include <type_traits>
@@ -74,6 +75,18 @@ inline constexpr int kSmallMMaxSmem = 227 * 1024 - 1024;
 constexpr int small_m_smem_bytes(int tokens, int kblocks_per_cta) {
   return kblocks_per_cta * tokens * 4 * kSmallTigBytes;
 }
+
+// The shared-memory B ring (RING > 0): per stage and thread, the thread's own four 16-byte pieces of B and
+// one 16 bytes of scale words, laid out [stage][piece][thread][16 bytes] so that a warp's shared loads are
+// consecutive (no bank conflicts). Each thread reads back only what its own cp.async wrote: waiting on its
+// own copy groups is all the synchronization the ring needs (no barrier, no producer warp).
+inline constexpr int kRingPieces = 5;
+inline constexpr int kRingPieceStride = kSmallThreads * 16;
+inline constexpr int kRingStageBytes = kRingPieces * kRingPieceStride;  // 20 KB
+// K splits of a row block are one thread-block cluster and reduce through distributed shared memory.
+inline constexpr int kMaxRingSplits = 8;  // the portable cluster size
+
+constexpr int small_m_ring_bytes(int ring) { return ring * kRingStageBytes; }
 
 // Tokens a launch of `rows` rows stages (whole n-tiles of 8, at most the config's TOKENS).
 constexpr int small_m_live_tokens(int config_tokens, int64_t rows) {
@@ -127,6 +140,19 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   return v;
 }
 
+// cp.async with zero fill: `valid` false writes zeros and reads nothing (src is then any mapped address).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // The two scale bytes of groups (2 c, 2 c + 1) of a 256-K block for the row at byte offset sf_row_off of
 // its atom: atom column 4 kblk + c / 2, bytes 2 (c % 2) and 2 (c % 2) + 1 (SPEC.md's blocked layout).
 __device__ __forceinline__ uint32_t ld_scale_pair(const uint8_t* sf, int64_t sf_rb_base, int kblk, int c,
@@ -152,6 +178,39 @@ __device__ __forceinline__ void load_bblock(BBlock& bb, const SmallMParams& p, i
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off) << 16 : 0u);
   bb.s[1] = (h0 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, tig, sf_row_off8) : 0u) |
             (h1 ? ld_scale_pair(p.sfb, sf_rb_base, kblk, 4 + tig, sf_row_off8) << 16 : 0u);
+}
+
+// load_bblock's bytes for K block kblk, copied into this thread's pieces of ring stage `slot` (the ring
+// variant). The scale pairs come as the aligned 4-byte words that hold them (scale pairs of lanes tig and
+// tig ^ 1 share a word); read_ring_bblock picks this lane's half.
+__device__ __forceinline__ void issue_ring_bblock(uint32_t ring, int slot, const SmallMParams& p, int row, int sf_row_off,
+                                                  int sf_row_off8, int64_t sf_rb_base, int kblk, int tig) {
+  const int kel = kblk * kSmallKBlock + tig * 32;
+  const uint8_t* src = p.b + static_cast<int64_t>(row) * p.ldb + kblk * (kSmallKBlock / 2) + tig * 16;
+  const bool r0 = row < p.n, r1 = row + 8 < p.n;
+  const bool h0 = kel < p.k, h1 = kel + 128 < p.k;
+  const uint32_t d = ring + slot * kRingStageBytes + threadIdx.x * 16;
+  cp_async_16(d, (r0 && h0) ? src : p.b, r0 && h0);
+  cp_async_16(d + kRingPieceStride, (r0 && h1) ? src + 64 : p.b, r0 && h1);
+  cp_async_16(d + 2 * kRingPieceStride, (r1 && h0) ? src + 8 * p.ldb : p.b, r1 && h0);
+  cp_async_16(d + 3 * kRingPieceStride, (r1 && h1) ? src + 8 * p.ldb + 64 : p.b, r1 && h1);
+  const uint8_t* lo = p.sfb + (sf_rb_base + kblk * 4 + tig / 2) * kSfAtomBytes;  // groups 2 tig, 2 tig + 1
+  const uint8_t* hi = lo + 2 * kSfAtomBytes;                                       // groups 8 + 2 tig, 9 + 2 tig
+  const uint32_t ds = d + 4 * kRingPieceStride;
+  cp_async_4(ds, h0 ? lo + sf_row_off : p.sfb, h0);
+  cp_async_4(ds + 4, h1 ? hi + sf_row_off : p.sfb, h1);
+  cp_async_4(ds + 8, h0 ? lo + sf_row_off8 : p.sfb, h0);
+  cp_async_4(ds + 12, h1 ? hi + sf_row_off8 : p.sfb, h1);
+}
+
+__device__ __forceinline__ void read_ring_bblock(BBlock& bb, const uint8_t* ring, int slot, int tig) {
+  const uint8_t* d = ring + slot * kRingStageBytes + threadIdx.x * 16;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) bb.r[q] = *reinterpret_cast<const uint4*>(d + q * kRingPieceStride);
+  const uint4 w = *reinterpret_cast<const uint4*>(d + 4 * kRingPieceStride);
+  const uint32_t sel = (tig & 1) ? 0x7632u : 0x5410u;  // this lane's 16-bit pair of each word
+  bb.s[0] = __byte_perm(w.x, w.y, sel);
+  bb.s[1] = __byte_perm(w.z, w.w, sel);
 }
 
 // Asks L2 for the first `blocks` K blocks of this lane's B rows (rows g and g + 8; lanes tig 0 / 1 take the
@@ -230,10 +289,12 @@ __device__ __forceinline__ void store_small(const SmallMParams& p, int token, in
 }
 
 // A: what A holds (e2m1 with scales, or fp16 / bf16 activations); the MMA runs in A's 16-bit type.
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS, int RING, AType A>
 __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __grid_constant__ SmallMParams p) {
   static_assert(TOKENS % 8 == 0 && TOKENS <= 32, "n-tiles of 8 tokens, up to 4");
   static_assert(A == AType::kE2m1 || A == AType::kFloat16 || A == AType::kBFloat16, "e2m1, fp16 or bf16 A");
+  static_assert(RING == 0 || (RING >= 2 && TOKENS / 8 <= kRingPieces), "a ring of 2+ stages; partials fit a slot");
+  constexpr bool kRing = RING > 0;
   constexpr int NT = TOKENS / 8;
   constexpr Elem E = A == AType::kBFloat16 ? Elem::kBf16 : Elem::kHalf;
   constexpr bool kA16 = A != AType::kE2m1;
@@ -249,9 +310,20 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
   const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
 
-  if (p.splits == 1) {  // see the PDL note above
-    prefetch_b_l2(p, row, kb0, min(nkb, DEPTH), tig);
+  if (kRing || p.splits == 1) {  // see the PDL note above (the ring variant has no counter reset ahead of it)
+    prefetch_b_l2(p, row, kb0, min(nkb, kRing ? RING - 1 : DEPTH), tig);
     cudaGridDependencySynchronize();
+  }
+  // The ring sits past the staged A (whose size is a multiple of 16 bytes).
+  const int a_bytes = small_m_smem_bytes(min(NT, (p.m + 7) / 8) * 8, p.kb_per_cta);
+  uint8_t* ring = smem + a_bytes;
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  if constexpr (kRing) {  // the first RING - 1 blocks of B go out before A is staged
+#pragma unroll
+    for (int s = 0; s < RING - 1; ++s) {
+      if (s < nkb) issue_ring_bblock(ring_s, s, p, row, sf_off, sf_off8, sf_rb_base, kb0 + s, tig);
+      cp_async_commit();
+    }
   }
 
   // A for this CTA's K range, decoded to e2m1 * e4m3 (exact in fp16) in the permuted order; tokens past M
@@ -366,10 +438,13 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   else load_a(tid);
 
   // Then B: DEPTH blocks per lane are in flight while the CTA decodes A.
-  BBlock buf[DEPTH];
+  constexpr int kDepth = kRing ? 1 : DEPTH;
+  BBlock buf[kDepth];
+  if constexpr (!kRing) {
 #pragma unroll
-  for (int d = 0; d < DEPTH; ++d)
-    if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
+    for (int d = 0; d < DEPTH; ++d)
+      if (d < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + d, tig);
+  }
 
   if (!quantize) {
     store_a(tid);
@@ -383,20 +458,57 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  for (int base = 0; base < nkb; base += DEPTH) {
+  if constexpr (kRing) {
+    // One block per iteration: wait for this thread's copies of block blk, take them into registers, refill
+    // the slot emptied one iteration ago, then compute.
+    for (int blk = 0; blk < nkb; ++blk) {
+      cp_async_wait<RING - 2>();
+      read_ring_bblock(buf[0], ring, blk % RING, tig);
+      const int nb = blk + RING - 1;
+      if (nb < nkb) issue_ring_bblock(ring_s, nb % RING, p, row, sf_off, sf_off8, sf_rb_base, kb0 + nb, tig);
+      cp_async_commit();
+      compute_bblock<NT, E>(buf[0], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
+    }
+  } else {
+    for (int base = 0; base < nkb; base += DEPTH) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-      const int blk = base + d;
-      if (blk < nkb) {
-        compute_bblock<NT, E>(buf[d], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
-        if (blk + DEPTH < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + blk + DEPTH, tig);
+      for (int d = 0; d < DEPTH; ++d) {
+        const int blk = base + d;
+        if (blk < nkb) {
+          compute_bblock<NT, E>(buf[d], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
+          if (blk + DEPTH < nkb) load_bblock(buf[d], p, row, sf_off, sf_off8, sf_rb_base, kb0 + blk + DEPTH, tig);
+        }
       }
     }
   }
 
   cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
 
-  if (p.splits > 1) {
+  if (kRing && p.splits > 1) {
+    // The splits of this row block are one cluster: each thread leaves its partials in its own ring slot 0,
+    // and split 0 sums all of them in split order (bitwise the same on every call, as the workspace path).
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cp_async_wait<0>();  // the (empty) trailing copy groups: nothing may still land in slot 0
+    float4* mine = reinterpret_cast<float4*>(ring + threadIdx.x * 16);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mine[j * kSmallThreads] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    cluster.sync();
+    if (split == 0) {
+      for (int r = 1; r < p.splits; ++r) {
+        const float4* theirs = cluster.map_shared_rank(mine, r);
+        float4 v[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) v[j] = theirs[j * kSmallThreads];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          acc[j][0] += v[j].x; acc[j][1] += v[j].y; acc[j][2] += v[j].z; acc[j][3] += v[j].w;
+        }
+      }
+    }
+    cluster.sync();  // the peers' shared memory stays alive until split 0 has read it
+    if (split != 0) return;
+  } else if (p.splits > 1) {
     float4* part = p.partial + ((static_cast<int64_t>(rb) * p.splits + split) * 8 + warp) * NT * 32;
 #pragma unroll
     for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
@@ -457,9 +569,9 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   }
 }
 
-template <int TOKENS, int KBMAX, int DEPTH, int CTAS, AType A>
+template <int TOKENS, int KBMAX, int DEPTH, int CTAS, int RING, AType A>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
-  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, A>;
+  auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, RING, A>;
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
@@ -469,11 +581,18 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   cfg.blockDim = dim3(kSmallThreads);
   cfg.dynamicSmemBytes = l.smem;
   cfg.stream = l.stream;
-  cudaLaunchAttribute attr_pdl[1];  // programmatic dependent launch: see the note at the top
-  attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr_pdl;
+  cudaLaunchAttribute attrs[2];  // programmatic dependent launch: see the note at the top
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
   cfg.numAttrs = 1;
+  if (RING > 0 && l.params.splits > 1) {  // a row block's splits form one cluster
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = 1;
+    attrs[1].val.clusterDim.y = l.params.splits;
+    attrs[1].val.clusterDim.z = 1;
+    cfg.numAttrs = 2;
+  }
   return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 

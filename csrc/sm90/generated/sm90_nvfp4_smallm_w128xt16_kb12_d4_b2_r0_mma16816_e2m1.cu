@@ -2,5 +2,5 @@
 #include "sm90/sm90_small_m.cuh"
 
 namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_small_m<16, 12, 4, 2, AType::kBFloat16>(const SmallMLaunch&);
+template cudaError_t launch_small_m<16, 12, 4, 2, 0, AType::kE2m1>(const SmallMLaunch&);
 }  // namespace nvfp4_gemm::sm90
