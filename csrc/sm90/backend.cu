@@ -309,7 +309,9 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   // fix-up, are paid once per CTA) and none waits behind another wave's tail. KBMAX caps the K blocks per
   // CTA at what keeps decoded A small enough for that many CTAs per SM; a launch stages only its live tokens
   // (whole n-tiles), so fewer tokens than the config's allow proportionally more K blocks.
-  const int live = small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
+  // The ring variant stages exactly the launch's tokens, the register variant whole n-tiles of 8.
+  const int live = c.ring > 0 ? static_cast<int>(std::min<int64_t>(p.m, c.tokens))
+                              : small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
   if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks

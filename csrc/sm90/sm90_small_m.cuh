@@ -248,10 +248,11 @@ __device__ __forceinline__ void scales_of(uint32_t w, uint32_t (&s)[4]) {
   s[3] = high_pair(h);
 }
 
-// nt_live: the n-tiles that hold tokens of this launch (the rest are all zero and skipped).
-template <int NT, Elem E>
+// nt_live: the n-tiles that hold tokens of this launch (the rest are all zero and skipped). COMPACT: A is
+// staged for the launch's `tok` tokens only (not whole n-tiles), and lanes of the tokens past it take zeros.
+template <int NT, Elem E, bool COMPACT = false>
 __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* a_blk, int g, int tig, int nt_live,
-                                               float (&acc)[NT][4]) {
+                                               float (&acc)[NT][4], int tok = 0) {
   using Dec = BDecode<E>;
   uint32_t sg[4], s8[4];
   scales_of<E>(bb.s[0], sg);
@@ -269,7 +270,9 @@ __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* 
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (NT > 1 && j >= nt_live) break;
-      const uint4 v = *reinterpret_cast<const uint4*>(a_blk + ((j * 8 + g) * 4 + tig) * kSmallTigBytes + i * 16);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (!COMPACT || j * 8 + g < tok)
+        v = *reinterpret_cast<const uint4*>(a_blk + ((j * 8 + g) * 4 + tig) * kSmallTigBytes + i * 16);
       mma16816<E>(acc[j], g0, e0, g1, e1, v.x, v.y);
       mma16816<E>(acc[j], g2, e2, g3, e3, v.z, v.w);
     }
@@ -315,7 +318,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     cudaGridDependencySynchronize();
   }
   // The ring sits past the staged A (whose size is a multiple of 16 bytes).
-  const int a_bytes = small_m_smem_bytes(min(NT, (p.m + 7) / 8) * 8, p.kb_per_cta);
+  const int a_bytes = small_m_smem_bytes(min(TOKENS, p.m), p.kb_per_cta);
   uint8_t* ring = smem + a_bytes;
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   if constexpr (kRing) {  // the first RING - 1 blocks of B go out before A is staged
@@ -333,7 +336,8 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
   constexpr int kBatch = 4;
   // Staged A holds the live n-tiles only (tokens rounded up to 8; small_m_live_tokens on the host sizes it).
-  const int nt_live = min(NT, (p.m + 7) / 8), tok = nt_live * 8;
+  // The ring variant stages exactly the launch's tokens (its shared memory buys ring stages and CTAs).
+  const int nt_live = min(NT, (p.m + 7) / 8), tok = kRing ? min(TOKENS, p.m) : nt_live * 8;
   const int per_token = nkb * 8, n_chunks = tok * per_token;
   // 16-bit A: one item per 16 bytes (8 values) of a chunk, 4 per chunk; e2m1 A: one item per chunk.
   constexpr int kItemsPerChunk = kA16 ? 4 : 1;
@@ -467,7 +471,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
       const int nb = blk + RING - 1;
       if (nb < nkb) issue_ring_bblock(ring_s, nb % RING, p, row, sf_off, sf_off8, sf_rb_base, kb0 + nb, tig);
       cp_async_commit();
-      compute_bblock<NT, E>(buf[0], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc);
+      compute_bblock<NT, E, true>(buf[0], smem + blk * tok * 4 * kSmallTigBytes, g, tig, nt_live, acc, tok);
     }
   } else {
     for (int base = 0; base < nkb; base += DEPTH) {

@@ -2,5 +2,5 @@
 #include "sm90/sm90_small_m.cuh"
 
 namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_small_m<8, 10, 0, 2, 3, AType::kFloat16>(const SmallMLaunch&);
+template cudaError_t launch_small_m<16, 7, 0, 2, 2, AType::kFloat16>(const SmallMLaunch&);
 }  // namespace nvfp4_gemm::sm90

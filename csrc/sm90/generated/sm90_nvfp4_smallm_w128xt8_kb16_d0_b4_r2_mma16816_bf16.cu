@@ -2,5 +2,5 @@
 #include "sm90/sm90_small_m.cuh"
 
 namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_small_m<8, 10, 0, 2, 3, AType::kE2m1>(const SmallMLaunch&);
+template cudaError_t launch_small_m<8, 16, 0, 4, 2, AType::kBFloat16>(const SmallMLaunch&);
 }  // namespace nvfp4_gemm::sm90

@@ -1,0 +1,23 @@
+#!/bin/bash
+# One H100 call for an A/B of small-M configs: clean sm_90a build, the small-M correctness tests (every
+# config forced), small_m_chain.py over CONFIGS (comma list, forced in turn, same run), and with NCU="cfg M N K;..."
+# one ncu pass per entry (speed of light, memory, warp states) of that config on that shape.
+source benchmarks/_device_common.sh
+clean_build || exit 1
+step tests
+timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -rs -p no:cacheprovider tests/test_sm90.py tests/test_sm90_weight_only.py \
+  -k "${PYTEST_K:-small_m or every_config or forced or deterministic or graph}" -x > "$OUT/pytest.log" 2>&1
+echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed|Error" "$OUT/pytest.log" | tail -12
+step small_m_chain
+timeout ${CHAIN_TIMEOUT:-300} python3 benchmarks/diagnostics/small_m_chain.py --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0} \
+  --shapes ${SHAPES:-1024x4096,6144x4096,28672x4096,4096x14336} --configs "$CONFIGS" 2>&1 | grep -v -i warn \
+  | sed -e 's/ kernels\/call:.*//' | tee "$OUT/chain.log"
+IFS=';' read -ra runs <<< "${NCU:-}"
+for r in "${runs[@]}"; do
+  read -r cfg m n k <<< "$r"
+  step "ncu $cfg $m $n $k"
+  NVFP4_GEMM_CONFIG=$cfg timeout 120 ncu --kernel-name regex:small_m_kernel --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+    python3 benchmarks/diagnostics/sm90_profile.py --once $m $n $k > "$OUT/ncu_${m}_${n}.log" 2>&1
+  grep -E "DRAM Throughput|Duration|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|Grid Size|Stall|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_${m}_${n}.log" | head -24
+done
