@@ -84,7 +84,7 @@ inline constexpr int kRingPieces = 5;
 inline constexpr int kRingPieceStride = kSmallThreads * 16;
 inline constexpr int kRingStageBytes = kRingPieces * kRingPieceStride;  // 20 KB
 // K splits of a row block are one thread-block cluster and reduce through distributed shared memory.
-inline constexpr int kMaxRingSplits = 8;  // the portable cluster size
+inline constexpr int kMaxRingSplits = 16;  // a non-portable cluster size (sm_90 allows 16 with the opt-in)
 
 constexpr int small_m_ring_bytes(int ring) { return ring * kRingStageBytes; }
 
@@ -577,8 +577,11 @@ template <int TOKENS, int KBMAX, int DEPTH, int CTAS, int RING, AType A>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
   auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, RING, A>;
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
-  const cudaError_t attr = smem_limit.run(
-      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
+  const cudaError_t attr = smem_limit.run([&] {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
+    if (e == cudaSuccess && RING > 0) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    return e;
+  });
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(l.row_blocks, l.params.splits);
