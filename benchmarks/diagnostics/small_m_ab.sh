@@ -8,10 +8,12 @@ step tests
 timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -rs -p no:cacheprovider tests/test_sm90.py tests/test_sm90_weight_only.py \
   -k "${PYTEST_K:-small_m or every_config or forced or deterministic or graph}" -x > "$OUT/pytest.log" 2>&1
 echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed|Error" "$OUT/pytest.log" | tail -12
-step small_m_chain
-timeout ${CHAIN_TIMEOUT:-300} python3 benchmarks/diagnostics/small_m_chain.py --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0} \
-  --shapes ${SHAPES:-1024x4096,6144x4096,28672x4096,4096x14336} --configs "$CONFIGS" 2>&1 | grep -v -i warn \
-  | sed -e 's/ kernels\/call:.*//' | tee "$OUT/chain.log"
+for cm in ${CLUSTER_MAXES:-8}; do  # the ring configs' cluster-reduction bound (NVFP4_GEMM_SM90_CLUSTER_MAX)
+  step "small_m_chain, cluster max $cm"
+  NVFP4_GEMM_SM90_CLUSTER_MAX=$cm timeout ${CHAIN_TIMEOUT:-300} python3 benchmarks/diagnostics/small_m_chain.py \
+    --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0} --shapes ${SHAPES:-1024x4096,6144x4096,28672x4096,4096x14336} \
+    --configs "$CONFIGS" 2>&1 | grep -v -i warn | sed -e 's/ kernels\/call:.*//' | tee -a "$OUT/chain.log"
+done
 IFS=';' read -ra runs <<< "${NCU:-}"
 for r in "${runs[@]}"; do
   read -r cfg m n k <<< "$r"

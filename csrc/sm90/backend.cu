@@ -103,6 +103,17 @@ std::atomic<int>& forced_splits_slot() {
 
 int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
 
+// The most K splits the ring small-M configs reduce in a cluster (more use the workspace). Experiment knob:
+// NVFP4_GEMM_SM90_CLUSTER_MAX, read once; default kMaxClusterSplits.
+int cluster_max_splits() {
+  static const int v = [] {
+    const char* e = std::getenv("NVFP4_GEMM_SM90_CLUSTER_MAX");
+    const int x = e ? std::atoi(e) : kMaxClusterSplits;
+    return std::clamp(x, 0, kMaxClusterSplits);
+  }();
+  return v;
+}
+
 // A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
 // checked with cudaGetLastError (ours or anyone's) does not report it again.
 cudaError_t consumed(cudaError_t e) {
@@ -295,6 +306,7 @@ cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream)
 // Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
 struct SmallMPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
+  bool cluster = false;
   int64_t partial_bytes = 0, counter_bytes = 0;
 };
 
@@ -320,8 +332,6 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   const int ring_bytes = small_m_ring_bytes(c.ring);
   kb = std::min<int64_t>(
       {kb, pl.kblocks, std::max(1, (kSmallMMaxSmem - ring_bytes) / small_m_smem_bytes(live, 1))});
-  // The ring variant's splits of a row block are one cluster: at most kMaxRingSplits of them.
-  if (c.ring > 0) kb = std::max<int64_t>(kb, ceil_div(pl.kblocks, kMaxRingSplits));
   int64_t splits = ceil_div(pl.kblocks, kb);
   const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
   const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
@@ -332,7 +342,8 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.splits = static_cast<int>(splits);
   pl.smem = static_cast<int>(
       std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
-  if (splits > 1 && c.ring == 0) {  // the ring variant reduces in the cluster: no workspace
+  pl.cluster = c.ring > 0 && splits > 1 && splits <= cluster_max_splits();
+  if (splits > 1 && !pl.cluster) {  // a cluster reduces through distributed shared memory: no workspace
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
@@ -370,6 +381,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.kblocks = pl.kblocks;
   sp.kb_per_cta = pl.kb;
   sp.splits = pl.splits;
+  sp.cluster = pl.cluster;
   sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
   sp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
@@ -382,7 +394,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
     sp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     sp.sfa_row0 = static_cast<int>(r0);
     sp.m = static_cast<int>(std::min<int64_t>(c.tokens, p->m - r0));
-    if (sp.splits > 1 && c.ring == 0) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
+    if (sp.splits > 1 && !sp.cluster) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_small_m.cuh
       if (const cudaError_t z = consumed(launch_zero_counters(sp.counters, pl.row_blocks, stream)); z != cudaSuccess) {
         if (err && err_len)
           std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,

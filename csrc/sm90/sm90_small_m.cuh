@@ -83,8 +83,9 @@ constexpr int small_m_smem_bytes(int tokens, int kblocks_per_cta) {
 inline constexpr int kRingPieces = 5;
 inline constexpr int kRingPieceStride = kSmallThreads * 16;
 inline constexpr int kRingStageBytes = kRingPieces * kRingPieceStride;  // 20 KB
-// K splits of a row block are one thread-block cluster and reduce through distributed shared memory.
-inline constexpr int kMaxRingSplits = 16;  // a non-portable cluster size (sm_90 allows 16 with the opt-in)
+// Up to this many K splits of a row block are one thread-block cluster and reduce through distributed
+// shared memory; more go through the workspace as the register variant's do.
+inline constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
 constexpr int small_m_ring_bytes(int ring) { return ring * kRingStageBytes; }
 
@@ -113,6 +114,7 @@ struct SmallMParams {
   int kblocks;          // ceil(K / 256)
   int kb_per_cta;       // K blocks per split (the last split may have fewer)
   int splits;
+  bool cluster;         // the splits of a row block are one cluster (ring variant): no workspace, no counters
   float out_mult;       // 2^7: the power of two the B decode leaves in the sums
   OutDtype out_dtype;
 };
@@ -488,7 +490,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
 
   cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
 
-  if (kRing && p.splits > 1) {
+  if (kRing && p.cluster) {
     // The splits of this row block are one cluster: each thread leaves its partials in its own ring slot 0,
     // and split 0 sums all of them in split order (bitwise the same on every call, as the workspace path).
     namespace cg = cooperative_groups;
@@ -577,11 +579,8 @@ template <int TOKENS, int KBMAX, int DEPTH, int CTAS, int RING, AType A>
 cudaError_t launch_small_m(const SmallMLaunch& l) {
   auto* kernel = small_m_kernel<TOKENS, KBMAX, DEPTH, CTAS, RING, A>;
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
-  const cudaError_t attr = smem_limit.run([&] {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem);
-    if (e == cudaSuccess && RING > 0) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    return e;
-  });
+  const cudaError_t attr = smem_limit.run(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(l.row_blocks, l.params.splits);
@@ -593,7 +592,7 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
   cfg.numAttrs = 1;
-  if (RING > 0 && l.params.splits > 1) {  // a row block's splits form one cluster
+  if (l.params.cluster) {  // a row block's splits form one cluster
     attrs[1].id = cudaLaunchAttributeClusterDimension;
     attrs[1].val.clusterDim.x = 1;
     attrs[1].val.clusterDim.y = l.params.splits;
