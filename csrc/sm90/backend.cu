@@ -103,17 +103,6 @@ std::atomic<int>& forced_splits_slot() {
 
 int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
 
-// The most K splits the ring small-M configs reduce in a cluster (more use the workspace). Experiment knob:
-// NVFP4_GEMM_SM90_CLUSTER_MAX, read once; default kMaxClusterSplits.
-int cluster_max_splits() {
-  static const int v = [] {
-    const char* e = std::getenv("NVFP4_GEMM_SM90_CLUSTER_MAX");
-    const int x = e ? std::atoi(e) : kMaxClusterSplits;
-    return std::clamp(x, 0, kMaxClusterSplits);
-  }();
-  return v;
-}
-
 // A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
 // checked with cudaGetLastError (ours or anyone's) does not report it again.
 cudaError_t consumed(cudaError_t e) {
@@ -342,7 +331,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.splits = static_cast<int>(splits);
   pl.smem = static_cast<int>(
       std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
-  pl.cluster = c.ring > 0 && splits > 1 && splits <= cluster_max_splits();
+  pl.cluster = c.ring > 0 && splits > 1 && splits <= kMaxClusterSplits;
   if (splits > 1 && !pl.cluster) {  // a cluster reduces through distributed shared memory: no workspace
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;

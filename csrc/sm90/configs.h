@@ -27,24 +27,23 @@
   X(128, 128, 5, 1)           \
   X(256, 128, 3, 1)
 
-// The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16 with B streamed from global memory
-// through registers, 128 B rows x a K split per CTA. X(TOKENS, KBMAX, DEPTH, CTAS, RING): TOKENS = 8 x n-tiles;
-// KBMAX = the most 256-K blocks per CTA the automatic split picks (decoded A in shared memory is
-// KB x TOKENS x 576 bytes, kept small enough for CTAS CTAs per SM); DEPTH = K blocks of B in flight per lane
-// (18 registers each); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3); RING = 0
-// for that register buffer, else the stages of a per-thread cp.async ring in shared memory (DEPTH unused)
-// whose K splits reduce through distributed shared memory in a cluster (no workspace, no counter reset).
-// Measured (H100, docs/SM90_NOTES.md v10): 8 tokens, 3 CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us at
-// (1, 7168, 16384)) and 4 of DEPTH 1 (42.2); 16 tokens, 2 CTAs of DEPTH 4 beat 3 (22.0 vs 22.5) and 4 (24.4).
+// The small-M streaming kernel (sm90_small_m.cuh): mma.sync m16n8k16, 128 B rows x a K split per CTA, B
+// streamed from global memory either through registers or through a per-thread shared-memory ring.
+// X(TOKENS, KBMAX, DEPTH, CTAS, RING): TOKENS = 8 x n-tiles; KBMAX = the most 256-K blocks per CTA the
+// automatic split picks (decoded A in shared memory is KB x tokens x 576 bytes, kept small enough for CTAS
+// CTAs per SM); CTAS = CTAs per SM (the launch bound: 128 registers a thread at 2, 80 at 3); RING = 0: B
+// through a register buffer of DEPTH K blocks per lane (18 registers each); RING = R: B through an R-stage
+// cp.async ring (DEPTH unused), A staged for the live tokens only, splits of up to kMaxClusterSplits reduced in
+// a cluster. Measured (H100, graph per call, docs/NOTES.md "v3"): the ring with 16 tokens, 2 stages, 2 CTAs
+// per SM took (1, 28672, 4096) 29.2-31.5 us against 34.4-34.6 for the 8-token register config and 36.2-36.6
+// for the 16-token one, and (16, 6144, 4096) 14.4 against 16.4; at (1, 1024 .. 6144, 4096) and (1, 4096, 14336)
+// the 8-token register config stays ahead (6.4 vs 7.8, 10.0 vs 10.7, 19.4 vs 21.4 us). 8-token rings (2-4
+// CTAs, 2-3 stages) lost to it on most shapes (docs/NOTES.md). Earlier (SM90_NOTES.md v10): 8 tokens, 3
+// CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us at (1, 7168, 16384)) and 4 of DEPTH 1 (42.2).
 #define NVFP4_SM90_SMALL_M_CONFIGS(X) \
   X(8, 16, 2, 3, 0)                   \
-  X(16, 12, 4, 2, 0)                  \
-  X(32, 6, 3, 2, 0)                   \
-  X(8, 16, 0, 2, 3)                   \
-  X(8, 16, 0, 3, 3)                   \
-  X(8, 16, 0, 4, 2)                   \
   X(16, 7, 0, 2, 2)                   \
-  X(16, 5, 0, 2, 3)
+  X(32, 6, 3, 2, 0)
 
 namespace nvfp4_gemm::sm90 {
 
@@ -95,9 +94,8 @@ inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 
 // One exception to the rows below (select in backend.cu): where the 8-token small-M config would run
 // unsplit (many row blocks, e.g. an MLP up-projection N = 28672 at K = 4096) and the 16-token one holds every
-// row block in one wave, the 16-token config runs instead. It stages only the live 8 tokens, and keeps
-// 4 K blocks of B in flight per lane instead of 2: such a grid has under 2 CTAs per SM, and its time is
-// the B stream's latency per block.
+// row block in one wave, the 16-token (ring) config runs instead: it stages only the live tokens and streams
+// B through its shared-memory ring (29.2-31.5 vs 34.4-34.6 us at (1, 28672, 4096), above).
 inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
 
 struct DispatchRow {

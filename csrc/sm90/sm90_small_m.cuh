@@ -84,8 +84,10 @@ inline constexpr int kRingPieces = 5;
 inline constexpr int kRingPieceStride = kSmallThreads * 16;
 inline constexpr int kRingStageBytes = kRingPieces * kRingPieceStride;  // 20 KB
 // Up to this many K splits of a row block are one thread-block cluster and reduce through distributed
-// shared memory; more go through the workspace as the register variant's do.
-inline constexpr int kMaxClusterSplits = 8;  // the portable cluster size
+// shared memory; more go through the workspace as the register variant's do. Measured (H100, docs/NOTES.md,
+// v3): 4 splits in a cluster beat the workspace ((16, 6144, 4096): 14.4 vs 15.7 us), 8 lost to it ((16, 4096,
+// 4096): 17.5 vs 11.8 us; (16, 4096, 14336): 36.1 vs 24.0 us), 16 lost everywhere.
+inline constexpr int kMaxClusterSplits = 4;
 
 constexpr int small_m_ring_bytes(int ring) { return ring * kRingStageBytes; }
 
