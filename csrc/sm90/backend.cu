@@ -331,7 +331,11 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   pl.splits = static_cast<int>(splits);
   pl.smem = static_cast<int>(
       std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
-  pl.cluster = c.ring > 0 && splits > 1 && splits <= kMaxClusterSplits;
+  // A cluster's CTAs are placed together: measured faster than the workspace only for a few splits in one
+  // wave ((16, 6144, 4096): 4 splits, 192 CTAs, 14.4-14.6 vs 15.7 us); 3 splits over 2.5 waves lost
+  // ((16, 28672, 4096): 53.8 vs 48.6 us), as did 8 splits in one wave (docs/NOTES.md, v3).
+  pl.cluster = c.ring > 0 && splits > 1 && splits <= kMaxClusterSplits &&
+               static_cast<int64_t>(pl.row_blocks) * splits <= static_cast<int64_t>(c.ctas_per_sm) * sms;
   if (splits > 1 && !pl.cluster) {  // a cluster reduces through distributed shared memory: no workspace
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
