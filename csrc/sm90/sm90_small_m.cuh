@@ -1,5 +1,14 @@
-// Hopper NVFP4 GEMM for small M (a few tokens): a bandwidth-bound stream of packed B through registers
-// into mma.sync m16n8k16 (fp16 operands, fp32 accumulation). Torch-free.
+// Hopper NVFP4 GEMM for small M (a few tokens): a bandwidth-bound stream of packed B into mma.sync m16n8k16
+// (fp16 operands, fp32 accumulation). Torch-free.
+//
+// Two ways to move B (the RING template parameter, configs.h): RING = 0, a register buffer of DEPTH K blocks
+// per lane (the description below); RING = R, a per-thread R-stage cp.async ring in shared memory: each
+// thread copies exactly the bytes it will consume (the same pieces as the register buffer, so the MMAs and the
+// summation order are the same), waits on its own copy groups and reads them back, so the ring needs no
+// barrier and no producer warp, and the loop is one block per iteration. The ring variant also stages A for
+// the launch's tokens only (not whole n-tiles: 1/8 of the shared memory at M = 1), and reduces up to
+// kMaxClusterSplits K splits in a thread-block cluster through distributed shared memory (no workspace, no
+// counter reset) when the grid is one wave.
 //
 // Why not the wgmma kernel: at M <= 32 the work is mostly reading B (N x K/2 bytes + scales) once; the
 // wgmma kernel moves B through TMA -> shared memory -> registers behind an mbarrier ring, and measured 4-13%
