@@ -46,6 +46,27 @@ def check_verdict(value, limit, verdict) -> None:
         assert verdict == ("PASS" if value <= limit else "MISS"), (value, limit, verdict)
 
 
+def test_bench_mm_decode_targets():
+    """Issue 25's decode-shape targets: ours / humming, and (ours - 2 us) / read against 1.5, on the decode
+    shapes only; a row without humming gets n/a, not a verdict."""
+    bench_mm = bench_module("bench_mm")
+
+    def row(m, n, k, **us):
+        return dict(m=m, n=n, k=k, variants={v: {"us": t} for v, t in us.items()})
+
+    rows = [row(1, 4096, 4096, ours=9.0, read=5.0, humming=12.0), row(16, 6144, 4096, ours=14.0, read=6.0),
+            row(1, 7168, 16384, ours=30.0, read=22.0, humming=31.0)]
+    got = {(t["target"], t["m"], t["n"]): t for t in bench_mm.evaluate_targets(rows)}
+    slack = got[("decode shapes: ours <= 1.5 x read + 2 us", 1, 4096)]
+    assert math.isclose(slack["ratio"], (9.0 - 2.0) / 5.0) and slack["verdict"] == "PASS"
+    assert got[("decode shapes: ours <= 1.5 x read + 2 us", 16, 6144)]["verdict"] == "MISS"  # (14 - 2) / 6 = 2
+    assert math.isclose(got[("decode shapes: ours <= 0.8 x humming", 1, 4096)]["ratio"], 0.75)
+    assert got[("decode shapes: ours <= 0.8 x humming", 16, 6144)]["verdict"] == "n/a"
+    assert ("decode shapes: ours <= 0.8 x humming", 1, 7168) not in got  # not a decode shape
+    assert got[("ours <= 0.95 x humming", 1, 7168)]["verdict"] == "MISS"  # 30 / 31 > 0.95
+    assert bench_mm.SHAPES[-6:] == tuple((m, n, 4096) for m in (1, 16) for n in (1024, 4096, 6144))
+
+
 def test_bench_mm_smoke(tmp_path):
     out = tmp_path / "mm.json"
     proc = run_script("bench_mm.py", "--smoke", "--backends", "sm90", "--json", str(out))
@@ -85,22 +106,18 @@ def test_bench_mm_smoke(tmp_path):
         assert r["ratios"]["ours/min(humming,cublas)"] is None  # humming has no time here
 
     targets = data["targets"]
+    # The smoke shapes are none of the decode shapes, so their two targets do not appear.
     assert {t["target"] for t in targets} == {
-        "ours <= 0.90 x min(humming, cuBLAS), M <= 128", "ours <= 1.00 x cuBLAS, M >= 512",
-        "ours <= 0.95 x humming, M >= 512", "ours <= 1.11 x read floor, M = 1 and 16",
-        "weight-only fp16 <= 0.90 x humming", "weight-only bf16 <= 0.90 x humming"}
+        "ours <= 0.95 x humming", "weight-only fp16 <= 0.95 x humming", "weight-only bf16 <= 0.95 x humming",
+        "ours <= 1.10 x read floor, M = 1 and 16"}
     rows = {(r["m"], r["n"], r["k"]): r for r in data["rows"]}
     for t in targets:
         row = rows[(t["m"], t["n"], t["k"])]
-        if "M >= 512" in t["target"]:
-            assert t["m"] >= 512
-        if "M <= 128" in t["target"]:
-            assert t["m"] <= 128
         if "read floor" in t["target"]:
             assert t["m"] in (1, 16)
             assert math.isclose(t["ratio"], row["ratios"]["ours/read"], rel_tol=1e-9)
-        if t["target"] == "ours <= 1.00 x cuBLAS, M >= 512":
-            assert math.isclose(t["ratio"], row["variants"]["ours"]["us"] / row["variants"]["cublas"]["us"], rel_tol=1e-9)
+        else:
+            assert t["ratio"] is None and t["verdict"] == "n/a"  # humming has no time on the CPU
         check_verdict(t["ratio"], t["limit"], t["verdict"])
 
     text = proc.stdout
