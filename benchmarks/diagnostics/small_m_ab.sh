@@ -12,7 +12,7 @@ for cm in ${CLUSTER_MAXES:-8}; do  # the ring configs' cluster-reduction bound (
   step "small_m_chain, cluster max $cm"
   NVFP4_GEMM_SM90_CLUSTER_MAX=$cm timeout ${CHAIN_TIMEOUT:-300} python3 benchmarks/diagnostics/small_m_chain.py \
     --m ${CHAIN_M:-1,16} --splits ${CHAIN_SPLITS:-0} --shapes ${SHAPES:-1024x4096,6144x4096,28672x4096,4096x14336} \
-    --configs "$CONFIGS" 2>&1 | grep -v -i warn | sed -e 's/ kernels\/call:.*//' | tee -a "$OUT/chain.log"
+    --configs "$CONFIGS" ${CHAIN_EXTRA:-} 2>&1 | grep -v -i warn | sed -e 's/ kernels\/call:.*//' | tee -a "$OUT/chain.log"
 done
 IFS=';' read -ra runs <<< "${NCU:-}"
 for r in "${runs[@]}"; do

@@ -4,7 +4,7 @@ same bytes and humming W4A16; each split count forced in turn; and the kernels a
 over one replay), to separate kernel time from the gaps between kernels.
 
     python benchmarks/diagnostics/small_m_chain.py [--m 1,16] [--splits 0,1,2,4,8,16] [--shapes NxK,...]
-        [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_mma16816,...]
+        [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_r0_s0_mma16816,...] [--weight-only]
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--splits", default="0,1,2,4,8,16", help="0: automatic")
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--configs", default=None, help="comma list of sm90 config names to force as well")
+    ap.add_argument("--weight-only", action="store_true",
+                    help="time the weight-only form mm(x_fp16, b, None, sfb) instead of W4A4")
     args = ap.parse_args()
     dev = torch.device("cuda")
     timer, reader, l2 = Timer(dev, 20), Reader(dev), l2_bytes(dev, None)
@@ -53,7 +55,12 @@ def main() -> None:
         for n, k in shapes:
             r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
             sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
-            ours = [lambda s=s: nvfp4_gemm.mm(s["a"], s["b"], s["sfa"], s["sfb"], alpha=s["alpha"]) for s in sets]
+            if args.weight_only:  # fp16 activations: the dequantized A of each set
+                for s in sets:
+                    s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16)
+                ours = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
+            else:
+                ours = [lambda s=s: nvfp4_gemm.mm(s["a"], s["b"], s["sfa"], s["sfb"], alpha=s["alpha"]) for s in sets]
             line = [f"({m}, {n}, {k}) R={r}:"]
             bufs = [reader.buffer(read_bytes(m, n, k), seed=1000 + i) for i in range(r)]
             read = timer.graph_us([reader.call(b) for b in bufs])
