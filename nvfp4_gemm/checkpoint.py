@@ -480,10 +480,12 @@ class _FactoryDtype(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in self._FACTORIES and kwargs.get("dtype") is None and isinstance(out, torch.Tensor) \
-                and out.dtype == torch.get_default_dtype():
-            out = out.to(self.dtype)
-        return out
+        if func not in self._FACTORIES or kwargs.get("dtype") is not None or not isinstance(out, torch.Tensor) \
+                or out.dtype != torch.get_default_dtype():
+            return out
+        if func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], (float, list, tuple)):
+            return out  # made from a tensor or an array: that dtype, not the default
+        return out.to(self.dtype)
 
 
 def _build_on_meta(auto_class, config, dtype: torch.dtype, trust_remote_code: bool, config_path: str) -> nn.Module:
@@ -611,7 +613,8 @@ def save_pretrained(
         raise ValueError("save_pretrained: model has no .config (a transformers model is expected)")
     max_bytes = parse_size(max_shard_size)
     if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
-        raise ValueError(f"save_pretrained: tokenizer must have a save_pretrained method, got {type(tokenizer).__name__}")
+        raise ValueError(f"save_pretrained: tokenizer must have a save_pretrained method, got "
+                         f"{type(tokenizer).__name__}")
     _check_saved_values(layers, format)
     modes = {n: _layer_mode(m) for n, m in layers.items()}
     _warn_unshared_scales(layers)
@@ -622,6 +625,10 @@ def save_pretrained(
     target = os.path.realpath(os.fspath(path))
     if os.path.exists(target) and not os.path.isdir(target):
         raise ValueError(f"save_pretrained: {target} exists and is not a directory")
+    cwd = os.path.realpath(os.getcwd())
+    if os.path.commonpath([cwd, target]) == target:
+        raise ValueError(f"save_pretrained: {target} is the working directory or holds it; the checkpoint directory "
+                         f"is replaced as a whole, so save into a subdirectory")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     staging = _new_sibling(target, "save")
     try:
@@ -725,7 +732,7 @@ def _new_sibling(target: str, what: str) -> str:
     permissions a plain mkdir gives (the umask's), so that the swapped-in checkpoint has them too."""
     parent, base = os.path.split(target)
     while True:
-        path = os.path.join(parent, f".{base}.nvfp4-{what}-{os.getpid()}-{threading.get_ident()}-"
+        path = os.path.join(parent, f".{base[:80]}.nvfp4-{what}-{os.getpid()}-{threading.get_ident()}-"
                                     f"{secrets.token_hex(4)}")
         try:
             os.mkdir(path)

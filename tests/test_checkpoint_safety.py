@@ -67,10 +67,13 @@ def snapshot(d) -> dict[str, bytes]:
 
 
 def same_state(a, b) -> bool:
+    """Same names, dtypes, shapes and bits."""
+    def bits(t):
+        return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(
-        sa[k].dtype == sb[k].dtype and sa[k].shape == sb[k].shape and torch.equal(sa[k].view(torch.uint8), sb[k].view(torch.uint8))
-        if sa[k].dtype.itemsize == 1 else sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+        sa[k].dtype == sb[k].dtype and sa[k].shape == sb[k].shape and torch.equal(bits(sa[k]), bits(sb[k])) for k in sa)
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +259,7 @@ def test_global_scale_whose_reciprocal_overflows_is_refused(ct_ckpt, tmp_path):
     d = fresh(ct_ckpt, tmp_path)
     key = "model.layers.0.self_attn.v_proj.weight_global_scale"
     _edit_tensors(d / "model.safetensors", lambda sd: sd[key].fill_(1e-45))
-    with pytest.raises(CheckpointError, match=rf"tensor '{key}': a global \(encode\) scale must be a normal float32 .* the decode scale"):
+    with pytest.raises(CheckpointError, match=rf"tensor '{key}': a global \(encode\) scale must be a normal float32"):
         load(d)
 
 
@@ -404,7 +407,7 @@ def test_backtracking_regex_target_is_refused_in_time(ct_ckpt, tmp_path):
     d = fresh(ct_ckpt, tmp_path)
     _ct_config(d, lambda q: q["config_groups"]["group_0"].update(targets=[r"re:(\w|[a-z]|\.)*(?<!m)$"]))
     start = time.perf_counter()
-    with time_limit(20), pytest.raises(CheckpointError, match=r"takes more than 0.5 s on '[\w.]+' \(catastrophic backtracking\)"):
+    with time_limit(20), pytest.raises(CheckpointError, match=r"0.5 s on '[\w.]+' \(catastrophic backtracking"):
         load(d)
     assert time.perf_counter() - start < 10
 
@@ -565,22 +568,24 @@ def _header_end(raw):
     return min(len(raw), 8 + int.from_bytes(raw[:8], "little"))
 
 
-def test_mutation_fuzz(ckpt, tmp_path):
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_mutation_fuzz(ckpt, ct_ckpt, tmp_path, fmt):
     """Seeded random mutations of a valid checkpoint's safetensors headers and JSON files (values replaced by
     other types, keys deleted, bytes flipped): each load either gives the original model (a mutation that
     changes nothing that matters) or raises CheckpointError, within 10 s; no other exception, no hang, and
     the process grows by less than 1 GB over all cases. Tensor data bytes are not mutated: any value there
-    is a valid (different) model."""
+    is a valid (different) model. NVFP4_FUZZ_CASES=n runs n cases per format (default 300, ~8 s each)."""
     rng = random.Random(27)
-    original = ckpt[1]
-    files = sorted(os.listdir(ckpt[0]))
+    src = ckpt[0] if fmt == "modelopt" else ct_ckpt
+    original = load(src)
+    files = sorted(os.listdir(src))
     shards = [f for f in files if f.endswith(".safetensors")]
     jsons = [f for f in files if f.endswith(".json")]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     outcomes = {"refused": 0, "same": 0}
-    for case in range(int(os.environ.get("NVFP4_FUZZ_CASES", "600"))):
+    for case in range(int(os.environ.get("NVFP4_FUZZ_CASES", "300"))):
         d = tmp_path / f"case{case}"
-        shutil.copytree(ckpt[0], d)
+        shutil.copytree(src, d)
         kind = rng.choice(("header", "json", "json_bytes"))
         if kind == "header":
             name = rng.choice(shards)
@@ -605,3 +610,12 @@ def test_mutation_fuzz(ckpt, tmp_path):
     print(f"mutation fuzz: {outcomes}, peak RSS grew {grown_kb / 1024:.0f} MB")
     assert grown_kb < (1 << 20)
     assert outcomes["refused"] > 0 and outcomes["same"] > 0
+
+
+def test_save_refuses_to_replace_the_working_directory(ckpt, tmp_path, monkeypatch):
+    d = fresh(ckpt[0], tmp_path)
+    monkeypatch.chdir(d)
+    before = snapshot(d)
+    with pytest.raises(ValueError, match="is the working directory or holds it"):
+        save_pretrained(ckpt[1], ".", progress=False)
+    assert snapshot(d) == before

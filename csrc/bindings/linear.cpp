@@ -115,7 +115,8 @@ LinearShape check_linear_inputs(const at::Tensor& x, const at::Tensor& weight, c
   TORCH_CHECK(xdt == at::kHalf || xdt == at::kBFloat16 || xdt == at::kFloat, kOp,
               ": x must be float16, bfloat16 or float32, got ", xdt);
   TORCH_CHECK(weight.scalar_type() == at::kByte || weight.scalar_type() == at::kFloat4_e2m1fn_x2, kOp,
-              ": weight must be packed e2m1 of dtype torch.uint8 or torch.float4_e2m1fn_x2, got ", weight.scalar_type());
+              ": weight must be packed e2m1 of dtype torch.uint8 or torch.float4_e2m1fn_x2, got ",
+              weight.scalar_type());
   TORCH_CHECK(weight.dim() == 2, kOp, ": weight must be 2-D packed e2m1 [N, K/2], got shape ", weight.sizes());
   const int64_t n = weight.size(0), k = weight.size(1) * 2;
   TORCH_CHECK(x.size(-1) == k, kOp, ": x.shape[-1] must be in_features K = ", k, " (weight is [N, K/2] = ",
