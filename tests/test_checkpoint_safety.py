@@ -158,6 +158,41 @@ def test_save_over_a_checkpoint_keeps_unrelated_files(ckpt, tmp_path):
     assert same_state(load(d), ckpt[1])
 
 
+def test_save_without_an_atomic_exchange(ckpt, tmp_path, monkeypatch):
+    """Where renameat2(RENAME_EXCHANGE) is missing, the old checkpoint is moved aside, the new one in, and
+    the old one removed: the result is the new checkpoint alone."""
+    from nvfp4_gemm import checkpoint
+
+    d = fresh(ckpt[0], tmp_path)
+    monkeypatch.setattr(checkpoint, "_rename_exchange", lambda a, b: False)
+    save_pretrained(ckpt[1], d, format="compressed-tensors", progress=False)
+    assert not (d / "hf_quant_config.json").exists() and (d / "model.safetensors").exists()
+    assert json.load(open(d / "config.json"))["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+
+
+def test_save_fsyncs_every_file_before_the_swap(ckpt, tmp_path, monkeypatch):
+    from nvfp4_gemm import checkpoint
+
+    synced, swapped = [], []
+    real_fsync, real_swap = os.fsync, checkpoint._swap_in
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def swap(staging, target):
+        swapped.append(list(synced))
+        real_swap(staging, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint, "_swap_in", swap)
+    save_pretrained(ckpt[1], tmp_path / "out", max_shard_size="20KB", progress=False)
+    names = {os.path.basename(p) for p in swapped[0]}
+    assert set(os.listdir(tmp_path / "out")) <= names, "a file was not fsynced before the swap"
+    assert any(p.rsplit("/", 1)[-1].startswith(".out.nvfp4-save-") for p in swapped[0]), "the directory too"
+
+
 def test_concurrent_saves_end_with_one_complete_checkpoint(ckpt, tmp_path, monkeypatch):
     """Two threads save different models into one path, shard for shard, taking turns in an order that
     alternates (A's first shard, then B's; B's second, then A's; ...): the result is one of the two models,
@@ -241,10 +276,12 @@ def test_from_modelopt_refuses_bad_scales(ckpt, name, value):
         NVFP4Linear.from_modelopt(sd)
 
 
-def test_from_modelopt_refuses_nan_block_scales(ckpt):
+@pytest.mark.parametrize("byte,match", [(0xFF, "1 NaN block scale"), (0x7F, "1 NaN block scale"),
+                                        (0x88, "1 negative block scale")])
+def test_from_modelopt_refuses_bad_block_scales(ckpt, byte, match):
     sd = _layer_tensors(ckpt[1].model.layers[0].mlp.up_proj)
-    sd["weight_scale"].view(torch.uint8)[3, 2] = 0xFF
-    with pytest.raises(ValueError, match=r"'weight_scale' holds 1 NaN block scale"):
+    sd["weight_scale"].view(torch.uint8)[3, 2] = byte
+    with pytest.raises(ValueError, match=rf"'weight_scale' holds {match}"):
         NVFP4Linear.from_modelopt(sd)
 
 
@@ -370,6 +407,10 @@ JSON_CASES = {
     "exclude_modules a number": ("hf_quant_config.json",
                                  lambda p: _edit_json(p, lambda d: d["quantization"].update(exclude_modules=5)),
                                  r"hf_quant_config.json: exclude_modules must be a list of strings"),
+    "unknown model_type": ("config.json", lambda p: _edit_json(p, lambda d: d.update(model_type="no-such-model")),
+                           r"config.json: transformers cannot read it"),
+    "unknown activation": ("config.json", lambda p: _edit_json(p, lambda d: d.update(hidden_act="no-such-act")),
+                           r"config.json: transformers cannot build the model"),
     "dtype not a dtype": ("config.json", lambda p: _edit_json(p, lambda d: d.update(dtype="int8", torch_dtype="int8")),
                           r"config.json: (dtype must name a torch floating-point dtype|transformers cannot)"),
 }
