@@ -341,7 +341,8 @@ def from_pretrained(
     entries = read_all_headers(directory)  # every header first: a truncated shard fails before any data is read
     config_path = os.path.join(directory, "config.json")
     try:
-        config = AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        with _TRANSFORMERS_LOCK:  # resolves the config class lazily, as from_config does the model's
+            config = AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers' own validation of the file: any refusal is a bad config
         raise CheckpointError(f"{config_path}: transformers cannot read it ({type(e).__name__}: {e})") from e
     if hasattr(config, "quantization_config"):
