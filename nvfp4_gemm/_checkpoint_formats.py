@@ -26,12 +26,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from ._checkpoint_io import CheckpointError, UnsupportedFormatError
+from ._checkpoint_io import CheckpointError, UnsupportedFormatError, checked_file
 
 MODES = ("static", "dynamic", "weight_only")
 # Projections that inference engines fuse into one GEMM; they must share the per-tensor scales.
@@ -58,9 +57,27 @@ def fused_group_key(name: str) -> str | None:
     return None
 
 
-def _ct_match(name: str, module: nn.Module, target: str) -> bool:
+# A checkpoint's "re:" targets run on every module name; Python's re backtracks without bound, so a pattern
+# such as (a+)+$ would hang the loader. They run on the `regex` package (transformers' own dependency; the
+# same syntax as re for these patterns) with a time limit, far above what a real target takes (microseconds).
+_REGEX_TIMEOUT_S = 0.5
+
+
+def _regex_match(pattern: str, name: str, source: str) -> bool:
+    import regex
+
+    try:
+        return regex.match(pattern, name, timeout=_REGEX_TIMEOUT_S) is not None
+    except TimeoutError as e:
+        raise CheckpointError(f"{source}: the target regex {pattern!r} takes more than {_REGEX_TIMEOUT_S} s on "
+                              f"'{name}' (catastrophic backtracking); refused") from e
+    except regex.error as e:
+        raise CheckpointError(f"{source}: target 're:{pattern}' is not a valid regex ({e})") from e
+
+
+def _ct_match(name: str, module: nn.Module, target: str, source: str = "config") -> bool:
     if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
+        return _regex_match(target[3:], name, source)
     return target == name or any(c.__name__ == target for c in type(module).__mro__ if issubclass(c, nn.Module))
 
 
@@ -112,9 +129,10 @@ class QuantFormat:
                 return None
             if not self.groups:  # hf_quant_config.json alone: NVFP4 is W4A4 with static input scales
                 return "static"
-        elif any(_ct_match(name, module, ig) for ig in self.ignore):
+        elif any(_ct_match(name, module, ig, self.source) for ig in self.ignore):
             return None
-        matches = [(t, mode) for targets, mode in self.groups for t in targets if _ct_match(name, module, t)]
+        matches = [(t, mode) for targets, mode in self.groups for t in targets
+                   if _ct_match(name, module, t, self.source)]
         if not matches:
             return None if self.name == "compressed-tensors" else "static"
         target, mode = min(matches, key=lambda tm: _ct_specificity(name, tm[0]))
@@ -132,11 +150,46 @@ class QuantFormat:
 
 
 def _read_json(path: str) -> dict:
+    """A checkpoint's JSON file (a regular file inside the checkpoint: checked_file), which must hold an object."""
+    checked_file(os.path.dirname(path) or ".", os.path.basename(path), path)
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
+            doc = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _check_types(qcfg: dict, source: str, modelopt: bool) -> None:
+    """The JSON types of every quantization-config field the parsing below reads, so that a malformed config
+    is a CheckpointError naming the field instead of an AttributeError / TypeError somewhere inside."""
+    def want(ok: bool, field: str, what: str, value) -> None:
+        if not ok:
+            raise CheckpointError(f"{source}: {field} must be {what}, got {type(value).__name__} {value!r:.80}")
+
+    def str_list(v, field: str) -> None:
+        want(v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)), field,
+             "a list of strings", v)
+
+    def obj(v, field: str, null_ok: bool = True) -> None:
+        want(isinstance(v, dict) or (null_ok and v is None), field, "an object", v)
+
+    for key in ("quant_algo", "quantization_status", "format"):
+        want(not isinstance(qcfg.get(key), (dict, list)), key, "a string", qcfg.get(key))
+    for key in ("exclude_modules", "ignore"):
+        str_list(qcfg.get(key), key)
+    obj(qcfg.get("quantized_layers"), "quantized_layers")
+    for layer, lc in (qcfg.get("quantized_layers") or {}).items():
+        obj(lc, f"quantized_layers.{layer}", null_ok=False)
+    obj(qcfg.get("config_groups"), "config_groups")
+    for gname, g in (qcfg.get("config_groups") or {}).items():
+        obj(g, f"config_groups.{gname}", null_ok=False)
+        str_list(g.get("targets"), f"config_groups.{gname}.targets")
+        obj(g.get("weights"), f"config_groups.{gname}.weights")
+    if modelopt:
+        want(isinstance(qcfg.get("group_size", 16), int), "group_size", "an integer", qcfg.get("group_size"))
 
 
 def _modelopt(qcfg: dict, source: str, groups_cfg: dict | None) -> QuantFormat:
@@ -209,12 +262,16 @@ def detect(directory: str, config_dict: dict) -> QuantFormat | None:
         raise CheckpointError(f"{config_path}: quantization_config must be an object, got {type(qcfg).__name__}")
     method = (qcfg or {}).get("quant_method")
     if method == "compressed-tensors":
+        _check_types(qcfg, config_path, modelopt=False)
         return _compressed_tensors(qcfg, config_path)
-    if method == "modelopt" or (qcfg is None and os.path.exists(hf_path)):
-        if os.path.exists(hf_path):  # the original; config.json's copy is derived from it
+    if method == "modelopt" or (qcfg is None and os.path.lexists(hf_path)):
+        if qcfg is not None:
+            _check_types(qcfg, config_path, modelopt=True)
+        if os.path.lexists(hf_path):  # the original; config.json's copy is derived from it
             hf = _read_json(hf_path)
-            if "quantization" not in hf:
-                raise CheckpointError(f"{hf_path}: no 'quantization' section")
+            if not isinstance(hf.get("quantization"), dict):
+                raise CheckpointError(f"{hf_path}: no 'quantization' object")
+            _check_types(hf["quantization"], hf_path, modelopt=True)
             return _modelopt(hf["quantization"], hf_path, (qcfg or {}).get("config_groups"))
         return _modelopt(qcfg, config_path, qcfg.get("config_groups"))
     if qcfg is not None:

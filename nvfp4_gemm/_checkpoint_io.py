@@ -1,14 +1,18 @@
 """safetensors shards in and out for nvfp4_gemm.checkpoint: headers, validated reads, sharded writes.
 
-Reads parse the safetensors header themselves (8-byte little-endian length, a JSON table of
-name -> dtype, shape, data offsets, then the data) and read each tensor with one `readinto`, straight into
-the tensor that keeps it (`read_into`), instead of copying out of `safe_open`'s memory map: the mapped
-pages that a copy touches stay in the process's resident memory until the shard is closed. Measured on
-the 1.18 GB checkpoint of benchmarks/checkpoint_memory.py (0.5 GB shards): copying every tensor out of
-safe_open peaks at 1.24x the checkpoint, this way at 1.01x (the excess of the first grows with the
-shard size). Parsing the headers first also lets every name, dtype, shape and byte range be checked
-before any data is read, so a truncated or inconsistent file fails at once, naming the file and the
-tensor.
+Headers are parsed and validated by the safetensors package itself (`safe_open`: the header size cap, the
+JSON table, every dtype x shape = byte count, offsets contiguous from 0 and ending at the file's end); a
+file it refuses is a CheckpointError naming the file. What it does not give is each tensor's byte range,
+which follows from its validated table: the tensors in offset order, back to back after the header. Each
+tensor is then read with one `readinto`, straight into the tensor that keeps it (`read_into`), instead of
+copied out of `safe_open`'s memory map: the mapped pages that a copy touches stay in the process's
+resident memory until the shard is closed. Measured on the 1.18 GB checkpoint of
+benchmarks/checkpoint_memory.py (0.5 GB shards): copying every tensor out of safe_open peaks at 1.24x the
+checkpoint, this way at 1.01x (the excess of the first grows with the shard size). Parsing every header
+first also lets every name, dtype, shape and byte range be checked before any data is read, so a
+truncated or inconsistent file fails at once, naming the file and the tensor.
+Every file the loader opens is named by the checkpoint directory or its index; `checked_file` refuses
+names that leave the directory and anything but regular files (a FIFO would block the loader forever).
 Writes go through safetensors' own `save_file`.
 """
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 import torch
@@ -59,66 +64,81 @@ class TensorEntry:
         return f"{self.file}: tensor '{self.name}'"
 
 
-def read_header(path: str) -> dict[str, TensorEntry]:
-    """name -> TensorEntry for one safetensors file; CheckpointError for a truncated or malformed file."""
+def checked_file(directory: str, name: str, what: str) -> str:
+    """The path of `name` (from the checkpoint: an index entry, or a fixed file name) inside `directory`,
+    refused with a CheckpointError naming `what` unless it stays inside the directory and is a regular file.
+    Symlinks are followed only to where the checkpoint may keep its data: inside the directory, or, for a
+    Hugging Face cache snapshot (<repo>/snapshots/<revision>), into the repository's blobs/ directory."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or "\0" in name \
+            or ".." in name.replace("\\", "/").split("/"):
+        raise CheckpointError(f"{what}: {name!r} is not a file name inside the checkpoint directory")
+    path = os.path.join(directory, name)
+    root = os.path.realpath(directory)
+    roots = [root]
+    if os.path.basename(os.path.dirname(root)) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(os.path.dirname(root)), "blobs"))
+    real = os.path.realpath(path)
+    if not any(os.path.commonpath([real, r]) == r for r in roots):
+        raise CheckpointError(f"{what}: '{name}' resolves to {real}, outside the checkpoint directory {root}")
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
-            n = int.from_bytes(head, "little")
-            if 8 + n > size:
-                raise CheckpointError(f"{path}: truncated safetensors file: the header needs {n} bytes after the "
-                                      f"8-byte length, the file has {size - 8}")
-            raw = f.read(n)
+        st = os.stat(real)
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e})") from e
+        raise CheckpointError(f"{what}: '{name}' cannot be read ({e.strerror})") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{what}: '{name}' is not a regular file")
+    return path
+
+
+def read_header(path: str) -> dict[str, TensorEntry]:
+    """name -> TensorEntry for one safetensors file (a regular file: checked_file); CheckpointError for a
+    file the safetensors package refuses, or a dtype this package does not load."""
+    from safetensors import safe_open
+
     try:
-        table = json.loads(raw)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({e})") from e
-    base = 8 + n
+        with safe_open(path, framework="pt") as f:
+            specs = [(name, f.get_slice(name)) for name in f.offset_keys()]
+            specs = [(name, sl.get_dtype(), tuple(sl.get_shape())) for name, sl in specs]
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+    except Exception as e:  # noqa: BLE001 - whatever the reference reader refuses is a bad file
+        size = os.path.getsize(path)
+        raise CheckpointError(f"{path}: not a valid safetensors file ({size} bytes; {type(e).__name__}: {e})") from e
+    pos = 8 + n  # safe_open checked that the tensors lie back to back, in offset order, after the header
     out: dict[str, TensorEntry] = {}
-    for name, info in table.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dname, shape, (b, e) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{path}: tensor '{name}': malformed header entry {info!r}") from err
+    for name, dname, shape in specs:
         if dname not in ST_DTYPES:
             raise CheckpointError(f"{path}: tensor '{name}': dtype {dname} is not supported here "
                                   f"(supported: {', '.join(ST_DTYPES)})")
         dtype = ST_DTYPES[dname]
-        want = math.prod(shape) * dtype.itemsize
-        if e - b != want:
-            raise CheckpointError(f"{path}: tensor '{name}': {dname} {list(shape)} needs {want} bytes, "
-                                  f"the header gives {e - b}")
-        if base + e > size:
-            raise CheckpointError(f"{path}: truncated safetensors file: tensor '{name}' ends at byte {base + e}, "
-                                  f"the file has {size} bytes")
-        out[name] = TensorEntry(name, path, dtype, shape, base + b, base + e)
+        end = pos + math.prod(shape) * dtype.itemsize
+        out[name] = TensorEntry(name, path, dtype, shape, pos, end)
+        pos = end
     return out
 
 
 def list_shards(directory: str) -> tuple[list[str], dict[str, str] | None]:
     """The shard files of a checkpoint directory and the index's weight_map (None for a single file)."""
     index = os.path.join(directory, INDEX_FILE)
-    if os.path.exists(index):
+    if os.path.lexists(index):
+        checked_file(directory, INDEX_FILE, index)
         try:
             with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
+                doc = json.load(f)
+        except (OSError, ValueError, RecursionError) as e:
             raise CheckpointError(f"{index}: cannot read the shard index ({type(e).__name__}: {e})") from e
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in weight_map.items()):
+            raise CheckpointError(f"{index}: 'weight_map' must be an object of tensor name -> shard file name")
         files = sorted(set(weight_map.values()))
         for name in files:
-            if not os.path.exists(os.path.join(directory, name)):
+            if isinstance(name, str) and name and not os.path.lexists(os.path.join(directory, name)):
                 raise CheckpointError(f"{index}: lists shard '{name}', which is not in {directory}")
+            checked_file(directory, name, f"{index}: weight_map")
         return [os.path.join(directory, n) for n in files], weight_map
     single = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(single):
-        return [single], None
+    if os.path.lexists(single):
+        return [checked_file(directory, SINGLE_FILE, single)], None
     others = sorted(n for n in os.listdir(directory) if n.endswith((".bin", ".pt", ".pth", ".gguf")))
     raise CheckpointError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}" +
                           (f" (found {others[:3]}: only safetensors checkpoints are read)" if others else ""))
@@ -140,7 +160,7 @@ def read_all_headers(directory: str) -> dict[str, TensorEntry]:
             if name not in entries:
                 raise CheckpointError(f"{os.path.join(directory, shard)}: tensor '{name}' is listed in {index} "
                                       f"but missing from the shard")
-            if os.path.basename(entries[name].file) != shard:
+            if entries[name].file != os.path.join(directory, shard):
                 raise CheckpointError(f"{entries[name].where()} is listed in {index} under '{shard}'")
         for name, entry in entries.items():
             if name not in weight_map:

@@ -14,11 +14,18 @@ and any error raises (naming the file and the tensor): no half-loaded model is e
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import fnmatch
 import inspect
 import json
 import os
 import re
+import secrets
+import shutil
+import stat
+import sys
+import threading
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,6 +33,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ._checkpoint_formats import CT_FORMAT, HF_QUANT_CONFIG, QuantFormat, _read_json, detect, fused_group_key
 from ._checkpoint_io import (
@@ -39,6 +47,7 @@ from ._checkpoint_io import (
     read_into,
     read_tensor,
 )
+from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import from_blocked, to_blocked
 from .nn import NVFP4Linear, shape_supported
 from .nn import _calibrate as _run_calibration
@@ -78,10 +87,19 @@ def _new_layer(plan: _Layer, device: torch.device, dtype: torch.dtype) -> NVFP4L
     return NVFP4Linear(plan.k, plan.n, **kwargs)
 
 
-def _positive_finite(t: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
+def _decode_scale(t: torch.Tensor, entry: TensorEntry, fmt_name: str) -> torch.Tensor:
+    """A per-tensor scale as the layer keeps it (a DECODE scale; compressed-tensors stores its reciprocal),
+    checked after the conversion: a tiny encode scale has a reciprocal that overflows."""
     v = t.reshape(1).to(torch.float32)
-    if not bool(torch.isfinite(v).all() and (v > 0).all()):
-        raise CheckpointError(f"{entry.where()}: a per-tensor scale must be positive and finite, got {v.item()!r}")
+    if fmt_name == "compressed-tensors":  # global scales are ENCODE scales there; the layer keeps 1 / g
+        why = decode_scale_problem(v)
+        if why:
+            raise CheckpointError(f"{entry.where()}: a global (encode) scale {why}, so its reciprocal, the "
+                                  f"decode scale, is not a usable float32")
+        v = 1.0 / v
+    why = decode_scale_problem(v)
+    if why:
+        raise CheckpointError(f"{entry.where()}: a per-tensor decode scale {why}")
     return v
 
 
@@ -253,13 +271,15 @@ def _load_role(layer: NVFP4Linear, plan: _Layer, role: str, f, ent: TensorEntry,
     if role == "weight":
         read_into(f, ent, layer.weight)
     elif role == "weight_scale":
-        layer.weight_scale.copy_(to_blocked(read_tensor(f, ent)))
+        sf = read_tensor(f, ent)
+        why = block_scales_problem(sf)
+        if why:
+            raise CheckpointError(f"{ent.where()}: {why}")
+        layer.weight_scale.copy_(to_blocked(sf))
     elif role == "bias":
         read_into(f, ent, layer.bias)
     else:
-        v = _positive_finite(read_tensor(f, ent), ent)
-        if fmt.name == "compressed-tensors":  # global scales are ENCODE scales there
-            v = 1.0 / v
+        v = _decode_scale(read_tensor(f, ent), ent, fmt.name)
         if role == "weight_scale_2":
             layer.weight_scale_2.copy_(v)
         elif plan.mode == "static":
@@ -301,8 +321,8 @@ def from_pretrained(
     Raises CheckpointError / UnsupportedFormatError naming the file and the tensor for a bad checkpoint.
     """
     from tqdm.auto import tqdm
-    from transformers import AutoConfig, AutoModelForCausalLM
 
+    AutoConfig, AutoModelForCausalLM = _transformers_auto_classes()
     directory = os.fspath(path)
     if not os.path.isdir(directory):
         raise CheckpointError(f"{directory}: not a checkpoint directory")
@@ -319,14 +339,21 @@ def from_pretrained(
     device = torch.device(device if device is not None else "cpu")
 
     entries = read_all_headers(directory)  # every header first: a truncated shard fails before any data is read
-    config = AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
+    config_path = os.path.join(directory, "config.json")
+    try:
+        with _TRANSFORMERS_LOCK:  # resolves the config class lazily, as from_config does the model's
+            config = AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - transformers' own validation of the file: any refusal is a bad config
+        raise CheckpointError(f"{config_path}: transformers cannot read it ({type(e).__name__}: {e})") from e
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")  # ours to apply; transformers must not bring its own quantizer
     dtype = torch_dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise CheckpointError(f"{config_path}: dtype must name a torch floating-point dtype, got {dtype!r}")
+    _check_layer_count(config, entries, config_path)
+    model = _build_on_meta(AutoModelForCausalLM, config, dtype, trust_remote_code, config_path)
 
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
         config, "tie_word_embeddings", False) else set()
@@ -406,6 +433,71 @@ def from_pretrained(
     model.eval()
     if calibrate is not None:
         _calibrate(model, layers, calibrate)
+    return model
+
+
+# transformers resolves its classes lazily, on first attribute access; two threads doing that first access at
+# once can see a half-initialized module (ImportError). One lock makes the first import and the lookups of the
+# model code (from_config imports the architecture's module) happen one thread at a time.
+_TRANSFORMERS_LOCK = threading.RLock()
+
+
+def _transformers_auto_classes():
+    with _TRANSFORMERS_LOCK:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        return AutoConfig, AutoModelForCausalLM
+
+
+def _check_layer_count(config, entries: dict[str, TensorEntry], config_path: str) -> None:
+    """A config claiming far more layers than the checkpoint holds is refused before the model is built
+    (building thousands of layers, even on the meta device, costs seconds and memory before the missing
+    tensors would be noticed): some tensor must belong to the last layer, i.e. have a numbered module
+    component (model.layers.<i>., h.<i>., experts.<i>., ...) of at least num_hidden_layers - 1."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return
+    top = max((int(m) for name in entries for m in re.findall(r"(?:^|\.)(\d+)(?=\.)", name)), default=-1)
+    if layers < 0 or layers - 1 > top:
+        raise CheckpointError(f"{config_path}: num_hidden_layers = {layers}, but no tensor of the checkpoint belongs "
+                              f"to a module numbered {layers - 1} (the highest is {top})")
+
+
+class _FactoryDtype(TorchFunctionMode):
+    """torch.set_default_dtype(dtype) for this thread only: a factory call that leaves its dtype to the default
+    (torch.empty(n), nn.Linear's torch.empty(..., dtype=None), torch.tensor(1.0)) makes `dtype` instead of
+    the process-wide default; explicit dtypes and integer results are left alone. Function modes are
+    thread-local, torch's default dtype is not."""
+
+    _FACTORIES = frozenset((torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn,
+                            torch.empty_strided, torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.arange,
+                            torch.linspace, torch.logspace, torch.eye))
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func not in self._FACTORIES or kwargs.get("dtype") is not None or not isinstance(out, torch.Tensor) \
+                or out.dtype != torch.get_default_dtype():
+            return out
+        if func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], (float, list, tuple)):
+            return out  # made from a tensor or an array: that dtype, not the default
+        return out.to(self.dtype)
+
+
+def _build_on_meta(auto_class, config, dtype: torch.dtype, trust_remote_code: bool, config_path: str) -> nn.Module:
+    """The model on the meta device, built as from_config(dtype=dtype) builds it, without from_config's
+    torch.set_default_dtype, which changes the default for every thread of the process while it runs."""
+    try:
+        with _TRANSFORMERS_LOCK, torch.device("meta"), _FactoryDtype(dtype):
+            model = auto_class.from_config(config, dtype=None, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - a config that transformers cannot build a model from
+        raise CheckpointError(f"{config_path}: transformers cannot build the model ({type(e).__name__}: {e})") from e
+    config.dtype = dtype
     return model
 
 
@@ -508,33 +600,59 @@ def save_pretrained(
     back exactly); static, dynamic and weight-only layers are all expressible there.
     Layers that inference engines fuse (q/k/v, gate/up) should share their per-tensor scales (from_pretrained
     with quantize=True does that); a warning names any group that does not.
+    The save is atomic: arguments and values are checked first, the checkpoint is written into a new
+    directory beside `path` and swapped in whole; on any error `path` is left as it was. Files of an
+    existing `path` that are not checkpoint files (a README, ...) are kept.
     """
-    from tqdm.auto import tqdm
-
     if format not in FORMATS:
         raise ValueError(f"save_pretrained: format must be one of {FORMATS}, got {format!r}")
-    directory = os.fspath(path)
     layers = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     if not layers:
         raise ValueError("save_pretrained: the model has no NVFP4Linear layer; nothing to save in an NVFP4 format")
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError("save_pretrained: model has no .config (a transformers model is expected)")
+    max_bytes = parse_size(max_shard_size)
+    if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise ValueError(f"save_pretrained: tokenizer must have a save_pretrained method, got "
+                         f"{type(tokenizer).__name__}")
+    _check_saved_values(layers, format)
     modes = {n: _layer_mode(m) for n, m in layers.items()}
     _warn_unshared_scales(layers)
+
+    # Everything is written into a fresh directory beside the target and swapped in whole: a save that fails
+    # anywhere (a bad argument, a full disk) leaves the target as it was, and two saves into one path end
+    # with one of them, complete.
+    target = os.path.realpath(os.fspath(path))
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise ValueError(f"save_pretrained: {target} exists and is not a directory")
+    cwd = os.path.realpath(os.getcwd())
+    if os.path.commonpath([cwd, target]) == target:
+        raise ValueError(f"save_pretrained: {target} is the working directory or holds it; the checkpoint directory "
+                         f"is replaced as a whole, so save into a subdirectory")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = _new_sibling(target, "save")
+    try:
+        _write_checkpoint(model, staging, format, layers, modes, config, tokenizer, max_bytes, progress)
+        _carry_over(target, staging)
+        _fsync_tree(staging)
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dict[str, NVFP4Linear],
+                      modes: dict[str, str], config, tokenizer, max_bytes: int, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
     excluded = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
-
-    os.makedirs(directory, exist_ok=True)
-    for old in os.listdir(directory):  # shards of an earlier save would be read as extra tensors
-        if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", old) or old == INDEX_FILE:
-            os.remove(os.path.join(directory, old))
-
     names = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
              "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}[format]
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
         config, "tie_word_embeddings", False) else set()
     bar = tqdm(desc="Writing shards", unit="shard", disable=not progress)
-    writer = ShardWriter(directory, parse_size(max_shard_size), bar)
+    writer = ShardWriter(directory, max_bytes, bar)
     done = set()
     try:
         for key, t in model.state_dict().items():
@@ -579,9 +697,6 @@ def save_pretrained(
         cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": producer,
                                       "ignore": excluded, "config_groups": groups}
     else:
-        stale = os.path.join(directory, HF_QUANT_CONFIG)
-        if os.path.exists(stale):
-            os.remove(stale)
         cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": CT_FORMAT,
                                       "quantization_status": "compressed", "config_groups": groups,
                                       "ignore": excluded, "kv_cache_scheme": None, "sparsity_config": {},
@@ -593,6 +708,139 @@ def save_pretrained(
         gen.save_pretrained(directory)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+
+
+def _check_saved_values(layers: dict[str, NVFP4Linear], format: str) -> None:
+    """from_pretrained's value checks on what would be written (after the format's conversion), before
+    anything is: a saved checkpoint always loads."""
+    for name, m in layers.items():
+        scales = [("weight_scale_2", m.weight_scale_2)]
+        if m.input_scale is not None and _layer_mode(m) == "static":
+            scales.append(("input_scale", m.input_scale))
+        for attr, t in scales:
+            why = decode_scale_problem(t)
+            if why is None and format == "compressed-tensors":
+                why = decode_scale_problem(1.0 / _encode_of(t))
+            if why:
+                raise ValueError(f"save_pretrained: '{name}.{attr}' (a decode scale) {why}; nothing was written")
+        why = block_scales_problem(from_blocked(m.weight_scale, m.out_features, m.in_features))
+        if why:
+            raise ValueError(f"save_pretrained: '{name}.weight_scale' {why}; nothing was written")
+
+
+def _new_sibling(target: str, what: str) -> str:
+    """A new, empty directory beside target, named for this call alone (pid, thread, random), with the
+    permissions a plain mkdir gives (the umask's), so that the swapped-in checkpoint has them too."""
+    parent, base = os.path.split(target)
+    while True:
+        path = os.path.join(parent, f".{base[:80]}.nvfp4-{what}-{os.getpid()}-{threading.get_ident()}-"
+                                    f"{secrets.token_hex(4)}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+_OWN_FILES = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|" + re.escape(INDEX_FILE) + "|" +
+                        re.escape(HF_QUANT_CONFIG))
+
+
+def _carry_over(target: str, staging: str) -> None:
+    """The target's files that are not part of a checkpoint this function writes (a README, a tokenizer not
+    passed this time, ...) are kept: hard-linked into the new directory (copied where links fail). Old
+    shards, index and format configs are not: they would be read as part of the new checkpoint."""
+    if not os.path.isdir(target):
+        return
+    os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode))
+    for entry in os.listdir(target):
+        src, dst = os.path.join(target, entry), os.path.join(staging, entry)
+        if _OWN_FILES.fullmatch(entry) or os.path.lexists(dst):
+            continue
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _fsync_tree(directory: str) -> None:
+    """Data and names on disk before the swap makes them the checkpoint (a crash after it must not leave
+    empty files under the final names)."""
+    for root, dirs, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(root)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rename_exchange(a: str, b: str) -> bool:
+    """Atomically swaps two paths (Linux renameat2 RENAME_EXCHANGE); False where the system or the file
+    system has no such call."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _swap_in(staging: str, target: str) -> None:
+    """Makes staging the target. A new target (or an empty directory) is one rename; an existing checkpoint is
+    exchanged with staging in one step, then removed, so the path always names one complete checkpoint."""
+    try:
+        os.rename(staging, target)
+        _fsync_dir(os.path.dirname(target))
+        return
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if _rename_exchange(staging, target):
+        _fsync_dir(os.path.dirname(target))
+        shutil.rmtree(staging, ignore_errors=True)  # the old checkpoint, now at the staging name
+        return
+    # Without an atomic exchange: move the old one aside, the new one in, and the old one back on failure.
+    # Between the two renames the path is absent; a concurrent save may then fail (with an error).
+    old = _new_sibling(target, "old")
+    os.rename(target, os.path.join(old, "checkpoint"))
+    try:
+        os.rename(staging, target)
+    except OSError:
+        os.rename(os.path.join(old, "checkpoint"), target)
+        os.rmdir(old)
+        raise
+    _fsync_dir(os.path.dirname(target))
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _package_version() -> str:

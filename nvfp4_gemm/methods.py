@@ -60,6 +60,7 @@ import math
 import torch
 
 from .formats import SF_VEC, pack_e2m1, to_blocked
+from .ops import _check_devices
 from .quantize import _MIDPOINTS, _e4m3_rn_sat_bits, finite_amax, global_encode_scale, quantize
 
 METHODS = ("rtn", "mse", "gptq")
@@ -247,6 +248,7 @@ def _reference_search(x: torch.Tensor, gs: torch.Tensor, neighbours: int, clip: 
 
 @torch.library.register_fake("nvfp4_gemm::quantize_mse")
 def _quantize_mse_fake(x, global_scale, neighbours=2, clip=True, column_weight=None, with_error=False):
+    _check_devices("nvfp4_gemm.quantize_mse", "x", x, global_scale=global_scale, column_weight=column_weight)
     rows, k = x.shape
     torch._check(k % SF_VEC == 0, lambda: f"nvfp4_gemm.quantize_mse: K must be a positive multiple of 16, got {k}")
     err_shape = (rows, k // SF_VEC) if with_error else (0, 0)

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import blocked_shape, to_blocked
 from .ops import _LINEAR_OP
 from .quantize import finite_amax, global_encode_scale, quantize
@@ -221,6 +222,13 @@ class NVFP4Linear(nn.Module):
         for name, t in (("weight_scale_2", wscale2), ("input_scale", input_scale)):
             if t is not None and t.numel() != 1:
                 raise ValueError(f"NVFP4Linear.from_modelopt: '{prefix}{name}' must be one fp32 value, got shape {tuple(t.shape)}")
+        for name, t in (("weight_scale_2", wscale2), ("input_scale", input_scale)):
+            why = None if t is None else decode_scale_problem(t)
+            if why:
+                raise ValueError(f"NVFP4Linear.from_modelopt: '{prefix}{name}' (a decode scale) {why}")
+        why = block_scales_problem(wscale)
+        if why:
+            raise ValueError(f"NVFP4Linear.from_modelopt: '{prefix}weight_scale' {why}")
         device = device if device is not None else weight.device
         layer = cls(k, n, bias=bias is not None, static_input_scale=input_scale is not None, weight_only=weight_only,
                     device=device, dtype=bias_dtype or (bias.dtype if bias is not None else torch.float32))

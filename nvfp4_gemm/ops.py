@@ -92,6 +92,15 @@ def linear(
     return _LINEAR_OP(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
 
 
+def _check_devices(op: str, ref_name: str, ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    """Every tensor argument on the device of the op's first one. The dispatcher sends a call to these fakes
+    as soon as ANY argument is on the meta device (a meta alpha with CPU a, say); without this check the
+    fake would return an uninitialized tensor on a's device instead of an error."""
+    for name, t in tensors.items():
+        torch._check(t is None or t.device == ref.device,
+                     lambda: f"{op}: {name} must be on {ref_name}'s device ({ref.device}), got {t.device}")
+
+
 def _mm_result_dtype(a, out_dtype, out=None):
     weight_only = a.dtype in _ACT_DTYPES
     if out_dtype is None:
@@ -122,12 +131,14 @@ def _check_mm_meta(a, b, sfa, sfb):
 
 @torch.library.register_fake("nvfp4_gemm::mm")
 def _mm_fake(a, b, sfa, sfb, alpha=None, out_dtype=None):
+    _check_devices("nvfp4_gemm.mm", "a", a, b=b, sfa=sfa, sfb=sfb, alpha=alpha)
     m, n = _check_mm_meta(a, b, sfa, sfb)
     return a.new_empty((m, n), dtype=_mm_result_dtype(a, out_dtype))
 
 
 @torch.library.register_fake("nvfp4_gemm::mm_out")
 def _mm_out_fake(a, b, sfa, sfb, alpha=None, out_dtype=None, *, out):
+    _check_devices("nvfp4_gemm.mm", "a", a, b=b, sfa=sfa, sfb=sfb, alpha=alpha, out=out)
     m, n = _check_mm_meta(a, b, sfa, sfb)
     dtype = _mm_result_dtype(a, out_dtype, out)
     torch._check(out.dtype == dtype, lambda: f"nvfp4_gemm.mm: out must have dtype {dtype}, got {out.dtype}")
@@ -140,8 +151,8 @@ def _linear_fake(x, weight, weight_scale, weight_scale_2, input_scale=None, bias
     torch._check(x.dtype in _ACT_DTYPES, lambda: f"nvfp4_gemm.linear: x must be float16, bfloat16 or float32, got {x.dtype}")
     torch._check(weight.dim() == 2, lambda: "nvfp4_gemm.linear: weight must be 2-D [N, K/2]")
     # A meta x with real weights dispatches here, not to the device kernels, which would have refused it.
-    torch._check(weight.device == x.device,
-                 lambda: f"nvfp4_gemm.linear: weight must be on x's device ({x.device}), got {weight.device}")
+    _check_devices("nvfp4_gemm.linear", "x", x, weight=weight, weight_scale=weight_scale,
+                   weight_scale_2=weight_scale_2, input_scale=input_scale, bias=bias)
     torch._check(
         x.shape[-1] == weight.shape[1] * 2,
         lambda: f"nvfp4_gemm.linear: x.shape[-1] must be K = {weight.shape[1] * 2}, got {x.shape[-1]}",
@@ -151,5 +162,6 @@ def _linear_fake(x, weight, weight_scale, weight_scale_2, input_scale=None, bias
 
 @torch.library.register_fake("nvfp4_gemm::_input_scales")
 def _input_scales_fake(x, weight_scale_2, input_scale=None):
+    _check_devices("nvfp4_gemm._input_scales", "x", x, weight_scale_2=weight_scale_2, input_scale=input_scale)
     torch._check(x.dim() == 2, lambda: f"nvfp4_gemm._input_scales: x must be 2-D [rows, K], got {x.dim()}-D")
     return x.new_empty((3,), dtype=torch.float32)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .formats import SF_VEC, to_blocked
+from .ops import _check_devices
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -52,6 +53,7 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) 
 
 @torch.library.register_fake("nvfp4_gemm::quantize")
 def _quantize_fake(x, global_scale=None):
+    _check_devices("nvfp4_gemm.quantize", "x", x, global_scale=global_scale)
     torch._check(x.dim() == 2, lambda: f"nvfp4_gemm.quantize: x must be 2-D [rows, K], got {x.dim()}-D")
     torch._check(
         x.dtype in (torch.float32, torch.float16, torch.bfloat16),

@@ -560,8 +560,8 @@ def test_error_truncated_file(checkpoints, tmp_path):
     size = os.path.getsize(shard)
     with open(shard, "r+b") as f:
         f.truncate(size - 100)
-    with pytest.raises(CheckpointError, match=rf"{re.escape(str(shard))}: truncated safetensors file: tensor '[^']+' "
-                                              rf"ends at byte \d+, the file has {size - 100} bytes"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(shard))}: not a valid safetensors file "
+                                              rf"\({size - 100} bytes; .*incomplete metadata"):
         from_pretrained(d, progress=False)
 
 

@@ -143,3 +143,74 @@ def test_forcing_a_backend_this_device_cannot_run(monkeypatch, name):
     else:
         expect_error(rf"NVFP4_GEMM_BACKEND={name} but that backend was not compiled into this build; rebuild with "
                      r"NVFP4_GEMM_CUDA_ARCHS=", inputs)
+
+
+# ---------------------------------------------------------------------- every argument on a's device, meta too
+
+def _meta(t):
+    return None if t is None else t.to("meta")
+
+
+def test_meta_argument_with_cpu_inputs_is_refused():
+    """A meta argument sends the call to the fake (meta) kernel, which must refuse it: before, it returned an
+    uninitialized tensor on a's device (garbage, no error)."""
+    inputs = make_inputs(Case(8, 16, 64), "cpu")
+    inputs["alpha"] = torch.ones(1)
+    for name in ("b", "sfa", "sfb", "alpha"):
+        with pytest.raises(RuntimeError, match=rf"nvfp4_gemm.mm: {name} must be on a's device \(cpu\), got meta"):
+            call(inputs, **{name: _meta(inputs[name])})
+    out = torch.empty(8, 16, dtype=torch.float16, device="meta")
+    with pytest.raises(RuntimeError, match=r"out must be on a's device \(cpu\), got meta"):
+        nvfp4_gemm.mm(inputs["a"], inputs["b"], inputs["sfa"], inputs["sfb"], alpha=inputs["alpha"], out=out)
+
+
+def _linear_args(static: bool):
+    torch.manual_seed(0)
+    layer = nvfp4_gemm.NVFP4Linear.from_linear(torch.nn.Linear(64, 16), input_amax=4.0 if static else None)
+    return dict(x=torch.randn(3, 64), weight=layer.weight, weight_scale=layer.weight_scale,
+                weight_scale_2=layer.weight_scale_2, input_scale=layer.input_scale, bias=layer.bias)
+
+
+@pytest.mark.parametrize("name", ["weight", "weight_scale", "weight_scale_2", "input_scale", "bias"])
+def test_linear_meta_argument_is_refused(name):
+    args = _linear_args(static=True)
+    args[name] = _meta(args[name])
+    with pytest.raises(RuntimeError, match=rf"nvfp4_gemm.linear: {name} must be on x's device \(cpu\), got meta"):
+        nvfp4_gemm.linear(**args)
+
+
+def test_quantize_meta_global_scale_is_refused():
+    x = torch.randn(4, 32)
+    with pytest.raises(RuntimeError, match=r"nvfp4_gemm.quantize: global_scale must be on x's device"):
+        nvfp4_gemm.quantize(x, torch.ones(1, device="meta"))
+    with pytest.raises(RuntimeError, match=r"nvfp4_gemm.quantize_mse: global_scale must be on x's device"):
+        torch.ops.nvfp4_gemm.quantize_mse(x, torch.ones(1, device="meta"))
+    with pytest.raises(RuntimeError, match=r"nvfp4_gemm.quantize_mse: column_weight must be on x's device"):
+        torch.ops.nvfp4_gemm.quantize_mse(x, torch.ones(1), column_weight=torch.ones(32, device="meta"))
+
+
+def test_linear_names_its_own_arguments():
+    """Errors about the weight and its scales say weight / weight_scale (linear's names), not mm's b / sfb."""
+    args = _linear_args(static=False)
+    for over, pattern in (
+        (dict(weight=args["weight"].to(torch.int16)), r"linear: weight must be packed e2m1 .* got Short"),
+        (dict(weight_scale=args["weight_scale"][:-4]), r"linear: weight_scale must hold round_up\(N,128\)"),
+        (dict(weight_scale=args["weight_scale"].float()), r"linear: weight_scale must hold e4m3 scales"),
+        (dict(weight_scale=args["weight_scale"].view(128, 4, 1)), r"linear: weight_scale must be a view of the"),
+    ):
+        with pytest.raises(RuntimeError) as e:
+            nvfp4_gemm.linear(**{**args, **over})
+        assert re.search(pattern, str(e.value)), str(e.value)
+        assert not re.search(r"\b(sfb|b)\b must", str(e.value)), str(e.value)
+
+
+# ---------------------------------------------------------------------- quantize_mse's encode scale
+
+@pytest.mark.parametrize("gs", [-1.0, -0.0, 0.0, float("nan"), float("inf"), float("-inf")])
+def test_quantize_mse_refuses_bad_global_scale(backend, gs):
+    """A negative or -0 encode scale made sign-bit scale bytes that indexed past the 128-entry candidate table
+    (AddressSanitizer: heap-buffer-overflow in mse_search.h); it is refused before the search runs."""
+    _, device = backend
+    x = torch.randn(8, 64, device=device)
+    with pytest.raises(RuntimeError, match=r"quantize_mse: global_scale must be positive and finite"):
+        torch.ops.nvfp4_gemm.quantize_mse(x, torch.tensor([gs], device=device))

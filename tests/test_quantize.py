@@ -177,6 +177,31 @@ def test_e2m1_rounding_exhaustive_host():
     assert run.returncode == 0 and "mismatches=0" in run.stdout, run.stdout + run.stderr
 
 
+def test_mse_search_table_in_bounds_asan():
+    """mse_search.h (the search both quantize_mse backends run) under AddressSanitizer, with a heap table of
+    exactly 128 candidate scales and every kind of encode scale, the refused ones included (negative, -0,
+    NaN, inf): no lookup leaves the table (tests/quant_host/mse_search_asan.cpp; a few seconds)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH to build tests/quant_host/mse_search_asan.cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "mse_search_asan")
+        build = subprocess.run([cxx, "-O1", "-g", "-std=c++17", "-fsanitize=address", "-fno-omit-frame-pointer",
+                                "-I", os.path.join(here, "..", "csrc"),
+                                os.path.join(here, "quant_host", "mse_search_asan.cpp"), "-o", exe],
+                               capture_output=True, text=True)
+        if build.returncode != 0 and "asan" in build.stderr.lower():
+            pytest.skip(f"this compiler has no AddressSanitizer runtime: {build.stderr[-300:]}")
+        assert build.returncode == 0, build.stderr
+        run = subprocess.run([exe], capture_output=True, text=True)
+    assert run.returncode == 0 and "blocks=" in run.stdout, run.stdout + run.stderr
+
+
 def test_corner_cases_zero_nan_inf_subnormal():
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
     x[0, :16] = 0.0                 # an all-zero block

@@ -35,26 +35,26 @@ void check_packed(const at::Tensor& t, const char* name, const char* rows_name) 
 }
 
 // The three accepted views of the blocked layout (SPEC.md); anything else is an error, never a guess.
-void check_blocked_scales(const at::Tensor& sf, const char* name, const char* rows_name, int64_t rows,
-                          int64_t k) {
-  TORCH_CHECK(is_scale_dtype(sf.scalar_type()), "nvfp4_gemm.mm: ", name,
+void check_blocked_scales_impl(const char* op, const at::Tensor& sf, const char* name, const char* rows_name,
+                               int64_t rows, int64_t k) {
+  TORCH_CHECK(is_scale_dtype(sf.scalar_type()), op, ": ", name,
               " must hold e4m3 scales of dtype torch.float8_e4m3fn or torch.uint8, got ",
               sf.scalar_type());
   const int64_t sf_cols = k / kSfVecSize;
   const int64_t pad_rows = round_up(rows, kSfAtomRows);
   const int64_t pad_cols = round_up(sf_cols, kSfAtomCols);
   const int64_t need = pad_rows * pad_cols;
-  TORCH_CHECK(sf.numel() == need, "nvfp4_gemm.mm: ", name, " must hold round_up(", rows_name,
+  TORCH_CHECK(sf.numel() == need, op, ": ", name, " must hold round_up(", rows_name,
               ",128)*round_up(K/16,4) = ", pad_rows, "*", pad_cols, " = ", need,
               " e4m3 values in the 128x4 blocked layout (", rows_name, "=", rows, ", K=", k, "), got ",
               sf.numel(), " (shape ", shape_str(sf), ")");
   if (sf.dim() == 1 || sf.dim() == 2) {
     if (sf.dim() == 2) {
-      TORCH_CHECK(sf.size(0) == pad_rows && sf.size(1) == pad_cols, "nvfp4_gemm.mm: 2-D ", name,
+      TORCH_CHECK(sf.size(0) == pad_rows && sf.size(1) == pad_cols, op, ": 2-D ", name,
                   " must be the padded blocked matrix [round_up(", rows_name, ",128), round_up(K/16,4)] = [",
                   pad_rows, ", ", pad_cols, "], got ", shape_str(sf));
     }
-    TORCH_CHECK(sf.is_contiguous(), "nvfp4_gemm.mm: ", name,
+    TORCH_CHECK(sf.is_contiguous(), op, ": ", name,
                 " must be contiguous in the 128x4 blocked layout, got strides ", stride_str(sf),
                 " for shape ", shape_str(sf), "; pass nvfp4_gemm.to_blocked(...) output as is");
     return;
@@ -65,18 +65,18 @@ void check_blocked_scales(const at::Tensor& sf, const char* name, const char* ro
     const int64_t want_size[6] = {32, 4, rb, 4, sb, 1};
     const int64_t want_stride[6] = {16, 4, sb * kSfAtomBytes, 1, kSfAtomBytes, need};
     for (int d = 0; d < 6; ++d) {
-      TORCH_CHECK(sf.size(d) == want_size[d], "nvfp4_gemm.mm: 6-D ", name,
+      TORCH_CHECK(sf.size(d) == want_size[d], op, ": 6-D ", name,
                   " must have shape (32, 4, ceil(", rows_name, "/128), 4, ceil(K/64), 1) = (32, 4, ", rb,
                   ", 4, ", sb, ", 1), got ", shape_str(sf));
     }
     for (int d = 0; d < 6; ++d) {
-      TORCH_CHECK(want_size[d] == 1 || sf.stride(d) == want_stride[d], "nvfp4_gemm.mm: 6-D ", name,
+      TORCH_CHECK(want_size[d] == 1 || sf.stride(d) == want_stride[d], op, ": 6-D ", name,
                   " must be the permuted view of a blocked-layout buffer, strides (16, 4, ", want_stride[2],
                   ", 1, 512, *); got strides ", stride_str(sf));
     }
     return;
   }
-  TORCH_CHECK(false, "nvfp4_gemm.mm: ", name,
+  TORCH_CHECK(false, op, ": ", name,
               " must be a view of the 128x4 blocked layout: 1-D flat, 2-D [round_up(", rows_name,
               ",128), round_up(K/16,4)] or 6-D (32, 4, ceil(", rows_name, "/128), 4, ceil(K/64), 1); got ",
               sf.dim(), "-D tensor of shape ", shape_str(sf));
@@ -86,14 +86,14 @@ bool is_activation_dtype(at::ScalarType t) { return t == at::kHalf || t == at::k
 
 // The rules the GPU kernels read an operand under: unit stride along its last dim, rows 16 bytes apart,
 // 16-byte aligned data.
-void check_gpu_readable(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, "nvfp4_gemm.mm: ", name,
+void check_gpu_readable_impl(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, op, ": ", name,
               " must be K-major (stride 1 along its last dim) for the GPU kernels, got strides ",
               stride_str(t), "; call .contiguous() first");
   TORCH_CHECK(t.size(0) <= 1 || (t.stride(0) * static_cast<int64_t>(t.element_size())) % 16 == 0,
-              "nvfp4_gemm.mm: ", name, " rows must start 16 bytes apart (row stride a multiple of ",
+              op, ": ", name, " rows must start 16 bytes apart (row stride a multiple of ",
               16 / t.element_size(), " elements), got row stride ", t.stride(0), "; call .contiguous() first");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "nvfp4_gemm.mm: ", name,
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
               " data must be 16-byte aligned, got address ", t.data_ptr(), "; call .clone() first");
 }
 
@@ -114,6 +114,13 @@ void check_out(const at::Tensor& out, int64_t m, int64_t n, at::ScalarType dtype
 }
 
 }  // namespace
+
+void check_blocked_scales(const char* op, const at::Tensor& sf, const char* name, const char* rows_name, int64_t rows,
+                          int64_t k) {
+  check_blocked_scales_impl(op, sf, name, rows_name, rows, k);
+}
+
+void check_gpu_readable(const char* op, const at::Tensor& t, const char* name) { check_gpu_readable_impl(op, t, name); }
 
 OutDtype to_out_dtype(at::ScalarType t) {
   switch (t) {
@@ -172,8 +179,8 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::opt
               k, " (a.shape[1]=", a.size(1), ")");
   TORCH_CHECK(n % 8 == 0, "nvfp4_gemm.mm: N must be a multiple of 8 (16-byte output rows), got N=", n);
 
-  if (!weight_only) check_blocked_scales(*sfa, "sfa", "M", m, k);
-  check_blocked_scales(sfb, "sfb", "N", n, k);
+  if (!weight_only) check_blocked_scales_impl("nvfp4_gemm.mm", *sfa, "sfa", "M", m, k);
+  check_blocked_scales_impl("nvfp4_gemm.mm", sfb, "sfb", "N", n, k);
 
   if (alpha.has_value()) {
     const at::Tensor& al = *alpha;
@@ -197,8 +204,8 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::opt
     // cuBLAS reads weight-only A with a leading dimension of at least K.
     TORCH_CHECK(!weight_only || m <= 1 || a.stride(0) >= k, "nvfp4_gemm.mm: weight-only a rows must not overlap "
                 "(row stride >= K = ", k, "), got row stride ", a.stride(0), "; call .contiguous() first");
-    check_gpu_readable(a, "a");
-    check_gpu_readable(b, "b");
+    check_gpu_readable_impl("nvfp4_gemm.mm", a, "a");
+    check_gpu_readable_impl("nvfp4_gemm.mm", b, "b");
     for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{weight_only ? nullptr : &*sfa, "sfa"},
                            {&sfb, "sfb"}}) {
       if (t == nullptr) continue;

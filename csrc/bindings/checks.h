@@ -23,6 +23,15 @@ MmShape check_mm_inputs(const at::Tensor& a, const at::Tensor& b, const std::opt
                         const at::Tensor& sfb, const std::optional<at::Tensor>& alpha,
                         std::optional<at::ScalarType> out_dtype, const at::Tensor* out, bool gpu_rules);
 
+// sf must be e4m3 scales of `rows` x `k / 16` in one of the three views of the blocked layout that mm
+// accepts; errors name `op` and the argument `name` (linear checks its weight_scale in its own terms).
+void check_blocked_scales(const char* op, const at::Tensor& sf, const char* name, const char* rows_name, int64_t rows,
+                          int64_t k);
+
+// The rules the GPU kernels read a 2-D operand under (unit stride along its last dim, rows 16 bytes apart,
+// 16-byte aligned data), with errors naming `op` and `name`.
+void check_gpu_readable(const char* op, const at::Tensor& t, const char* name);
+
 // Bytes of the blocked scale layout for `rows` x `k / 16` scales.
 inline int64_t blocked_sf_bytes(int64_t rows, int64_t k) {
   return round_up(rows, kSfAtomRows) * round_up(k / kSfVecSize, kSfAtomCols);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "bindings/checks.h"
 #include "bindings/quantize.h"
 #include "quant/recipe.h"
 
@@ -89,7 +90,7 @@ at::Tensor input_scales_op_cpu(const at::Tensor& x, const at::Tensor& weight_sca
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                       const at::Tensor& weight_scale_2, const std::optional<at::Tensor>& input_scale,
                       const std::optional<at::Tensor>& bias, bool weight_only) {
-  const LinearShape s = check_linear_inputs(x, weight, weight_scale_2, input_scale, bias, weight_only);
+  const LinearShape s = check_linear_inputs(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only);
   const at::Tensor x2 = rows_for_kernels(x, s.k);
   at::Tensor y;
   if (weight_only) {
@@ -104,21 +105,33 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::T
 
 }  // namespace
 
-LinearShape check_linear_inputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale_2,
-                                const std::optional<at::Tensor>& input_scale, const std::optional<at::Tensor>& bias,
-                                bool weight_only) {
+LinearShape check_linear_inputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
+                                const at::Tensor& weight_scale_2, const std::optional<at::Tensor>& input_scale,
+                                const std::optional<at::Tensor>& bias, bool weight_only) {
   constexpr const char* kOp = "nvfp4_gemm.linear";
   TORCH_CHECK(x.dim() >= 2, kOp, ": x must be [..., K] with at least 2 dims (a batch of rows), got ", x.dim(),
               "-D tensor of shape ", x.sizes(), "; use x.unsqueeze(0) for a single row");
   const at::ScalarType xdt = x.scalar_type();
   TORCH_CHECK(xdt == at::kHalf || xdt == at::kBFloat16 || xdt == at::kFloat, kOp,
               ": x must be float16, bfloat16 or float32, got ", xdt);
+  TORCH_CHECK(weight.scalar_type() == at::kByte || weight.scalar_type() == at::kFloat4_e2m1fn_x2, kOp,
+              ": weight must be packed e2m1 of dtype torch.uint8 or torch.float4_e2m1fn_x2, got ",
+              weight.scalar_type());
   TORCH_CHECK(weight.dim() == 2, kOp, ": weight must be 2-D packed e2m1 [N, K/2], got shape ", weight.sizes());
   const int64_t n = weight.size(0), k = weight.size(1) * 2;
   TORCH_CHECK(x.size(-1) == k, kOp, ": x.shape[-1] must be in_features K = ", k, " (weight is [N, K/2] = ",
               weight.sizes(), "), got ", x.size(-1));
   const at::Device dev = x.device();
   TORCH_CHECK(weight.device() == dev, kOp, ": weight must be on x's device (", dev, "), got ", weight.device());
+  TORCH_CHECK(weight_scale.device() == dev, kOp, ": weight_scale must be on x's device (", dev, "), got ",
+              weight_scale.device());
+  check_blocked_scales(kOp, weight_scale, "weight_scale", "N", n, k);
+  if (dev.is_cuda() && n > 0 && k > 0) {
+    check_gpu_readable(kOp, weight, "weight");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(weight_scale.data_ptr()) % 16 == 0, kOp,
+                ": weight_scale data must be 16-byte aligned for the GPU kernels, got address ",
+                weight_scale.data_ptr(), "; call .clone() first");
+  }
   check_scalar_arg(kOp, weight_scale_2, "weight_scale_2", dev);
   if (input_scale.has_value()) check_scalar_arg(kOp, *input_scale, "input_scale", dev);
   TORCH_CHECK(!(weight_only && input_scale.has_value()), kOp, ": weight_only=True takes no input_scale "

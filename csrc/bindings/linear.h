@@ -15,10 +15,11 @@ struct LinearShape {
   std::vector<int64_t> out_shape;  // x's leading dims, then N
 };
 
-// Checks every argument of nvfp4_gemm::linear; throws c10::Error naming the argument, expected vs actual.
-LinearShape check_linear_inputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale_2,
-                                const std::optional<at::Tensor>& input_scale, const std::optional<at::Tensor>& bias,
-                                bool weight_only);
+// Checks every argument of nvfp4_gemm::linear; throws c10::Error naming the argument (linear's own names,
+// so that nothing reaches mm's checks, which would name b / sfb), expected vs actual.
+LinearShape check_linear_inputs(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
+                                const at::Tensor& weight_scale_2, const std::optional<at::Tensor>& input_scale,
+                                const std::optional<at::Tensor>& bias, bool weight_only);
 
 // Checks of nvfp4_gemm::_input_scales: x 2-D [rows, K] float16 / bfloat16 / float32 with K % 16 == 0, the
 // scales one float32 value each on x's device. Returns K.

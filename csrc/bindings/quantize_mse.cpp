@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cmath>
 
 #include "bindings/quantize.h"
 #include "common/problem.h"
@@ -18,6 +19,12 @@ namespace nvfp4_gemm {
 QuantShape check_quantize_mse_inputs(const at::Tensor& x, const at::Tensor& global_scale, int64_t neighbours,
                                      const std::optional<at::Tensor>& column_weight) {
   const QuantShape s = check_quantize_inputs(x, global_scale);
+  // The search indexes its table of candidate scales with e4m3 bytes; a negative (or -0) encode scale makes
+  // sign-bit bytes and a non-finite one scales that decode to nothing, so both are refused here. Reading the
+  // value costs a host sync on CUDA, once per weight tensor quantized offline.
+  const float gs = global_scale.item<float>();
+  TORCH_CHECK(std::isfinite(gs) && gs > 0.0f, "nvfp4_gemm.quantize_mse: global_scale must be positive and finite "
+              "(the encode scale 2688 / amax), got ", gs);
   TORCH_CHECK(neighbours >= 0 && neighbours <= kMaxNeighbours, "nvfp4_gemm.quantize_mse: neighbours must be in [0, ",
               kMaxNeighbours, "] (e4m3 has 127 finite scales), got ", neighbours);
   if (column_weight.has_value()) {

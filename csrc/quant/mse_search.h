@@ -155,8 +155,10 @@ NVFP4_HD MseChoice mse_search(const float (&a)[16], float amax, float gs, int ne
 #pragma unroll
 #endif
   for (int i = 0; i < 16; ++i) r[i] = dmul_rn(static_cast<double>(a[i]), gs64);
-  const int b6 = block_scale(amax, gs);
-  const int b4 = e4m3_rn_sat(mul_rn(div_rn(amax, 4.0f), gs));
+  // For gs > 0 (the bindings refuse anything else) both bytes are in 0 .. 0x7F already; the mask keeps every
+  // table index below kCandidateBytes whatever gs is (a negative one would set the e4m3 sign bit).
+  const int b6 = block_scale(amax, gs) & (kCandidateBytes - 1);
+  const int b4 = e4m3_rn_sat(mul_rn(div_rn(amax, 4.0f), gs)) & (kCandidateBytes - 1);
   MseChoice best{static_cast<uint32_t>(b6), mse_candidate_error<kWeighted>(a, r, h, table(b6))};
   const int per_base = 2 * neighbours + 1;
   for (int j = 1; j < 2 * per_base; ++j) {

@@ -73,7 +73,7 @@ at::Tensor input_scales_op_cuda(const at::Tensor& x_in, const at::Tensor& weight
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                        const at::Tensor& weight_scale_2, const std::optional<at::Tensor>& input_scale,
                        const std::optional<at::Tensor>& bias, bool weight_only) {
-  const LinearShape s = check_linear_inputs(x, weight, weight_scale_2, input_scale, bias, weight_only);
+  const LinearShape s = check_linear_inputs(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = rows_for_kernels(x, s.k);
   if (weight_only) {
