@@ -4,7 +4,7 @@ same bytes and humming W4A16; each split count forced in turn; and the kernels a
 over one replay), to separate kernel time from the gaps between kernels.
 
     python benchmarks/diagnostics/small_m_chain.py [--m 1,16] [--splits 0,1,2,4,8,16] [--shapes NxK,...]
-        [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_r0_s0_mma16816,...] [--weight-only]
+        [--configs sm90_nvfp4_smallm_w128xt8_kb16_d2_b3_r0_mma16816,...] [--weight-only]
 """
 from __future__ import annotations
 
