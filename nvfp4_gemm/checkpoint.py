@@ -56,7 +56,9 @@ def _layer_supports_weight_only() -> bool:
 def _layer_mode(layer: NVFP4Linear) -> str:
     if getattr(layer, "weight_only", False):
         return "weight_only"
-    return "static" if layer.input_scale is not None else "dynamic"
+    if layer.input_scale is not None:
+        return "static"
+    return "dynamic_block" if getattr(layer, "block_scales_only", False) else "dynamic"
 
 
 @dataclass
@@ -75,6 +77,8 @@ def _new_layer(plan: _Layer, device: torch.device, dtype: torch.dtype) -> NVFP4L
         kwargs["static_input_scale"] = True
     elif plan.mode == "weight_only":
         kwargs["weight_only"] = True
+    elif plan.mode == "dynamic_block":
+        kwargs["block_scales_only"] = True
     return NVFP4Linear(plan.k, plan.n, **kwargs)
 
 
@@ -101,10 +105,11 @@ def _replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 class _Expect:
     """One tensor the checkpoint must hold: its owner (a quantized layer or None) and what it must look like."""
-    __slots__ = ("layer", "role", "dtypes", "shape", "what")
+    __slots__ = ("layer", "role", "dtypes", "shape", "what", "optional")
 
-    def __init__(self, layer, role, dtypes, shape, what):
+    def __init__(self, layer, role, dtypes, shape, what, optional=False):
         self.layer, self.role, self.dtypes, self.shape, self.what = layer, role, dtypes, shape, what
+        self.optional = optional  # checked when present, not required (an input scale a weight-only run drops)
 
     def check(self, e: TensorEntry) -> None:
         if self.dtypes is not None and e.dtype not in self.dtypes:
@@ -171,7 +176,8 @@ def _expectations(model: nn.Module, layers: dict[str, _Layer], fmt: QuantFormat 
                                                             "the per-tensor weight scale")
             if plan.ckpt_mode == "static":
                 exp[f"{p}.{names['input_scale']}"] = _Expect(p, "input_scale", (torch.float32,), "scalar",
-                                                             "the static input scale")
+                                                             "the static input scale",
+                                                             optional=plan.mode == "weight_only")
         if plan.bias:
             exp[f"{p}.bias"] = _Expect(p, "bias", _FLOATS, (n,), "the bias")
     for key, t in model.state_dict(keep_vars=True).items():
@@ -337,6 +343,7 @@ def from_pretrained(
                                   f"nvfp4_gemm's NVFP4Linear has no weight_only mode; pass weight_only=False to run "
                                   f"them as dynamic W4A4")
     exp = _expectations(model, layers, fmt, tied)
+    exp = {k: e for k, e in exp.items() if not (e.optional and k not in entries)}
     ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     ignore_unexpected.append(r"rotary_emb\.inv_freq$")
     _check_names(exp, entries, layers, fmt, directory, ignore_unexpected, tied)
@@ -469,20 +476,20 @@ def _quant_config_groups(modes: dict[str, str], fmt: str) -> dict:
         by_mode[mode].append(name)
     groups = {}
     for i, (mode, names) in enumerate(sorted(by_mode.items())):
-        if fmt == "modelopt":
+        if fmt == "modelopt":  # as ModelOpt's export writes them: weight-only groups have no input_activations
             w = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
-            a = None if mode == "weight_only" else {"dynamic": mode == "dynamic", "num_bits": 4, "type": "float",
-                                                     "group_size": 16}
-        else:
+            g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w}
+            if mode == "static":
+                g["input_activations"] = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+        else:  # static: "local" (static global scale, per-call block scales); dynamic_block: true (no global scale)
             w = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "symmetric": True, "dynamic": False,
                  "group_size": 16, "scale_dtype": "torch.float8_e4m3fn"}
             a = None if mode == "weight_only" else {
                 "num_bits": 4, "type": "float", "strategy": "tensor_group", "symmetric": True,
-                "dynamic": True if mode == "dynamic" else "local", "group_size": 16,
+                "dynamic": True if mode == "dynamic_block" else "local", "group_size": 16,
                 "scale_dtype": "torch.float8_e4m3fn"}
-        g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w, "input_activations": a}
-        if fmt == "compressed-tensors":
-            g.update(format=CT_FORMAT, output_activations=None)
+            g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w, "input_activations": a,
+                 "format": CT_FORMAT, "output_activations": None}
         groups[f"group_{i}"] = g
     return groups
 
@@ -521,8 +528,11 @@ def save_pretrained(
     if config is None:
         raise ValueError("save_pretrained: model has no .config (a transformers model is expected)")
     modes = {n: _layer_mode(m) for n, m in layers.items()}
+    _refuse_unencodable(modes, format)
     _warn_unshared_scales(layers)
     excluded = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    if format == "modelopt":  # ModelOpt's export lists every float module with a weight, embeddings included
+        excluded = sorted(set(excluded) | {n for n, m in model.named_modules() if isinstance(m, nn.Embedding)})
 
     os.makedirs(directory, exist_ok=True)
     for old in os.listdir(directory):  # shards of an earlier save would be read as extra tensors
@@ -572,12 +582,20 @@ def save_pretrained(
     cfg.setdefault("architectures", [type(model).__name__])
     groups = _quant_config_groups(modes, format)
     if format == "modelopt":
-        hf = {"producer": producer, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
-                                                     "group_size": 16, "exclude_modules": excluded}}
+        algos = {n: MODELOPT_ALGO_OF_MODE[m] for n, m in modes.items()}
+        quant = {"quant_algo": None, "kv_cache_quant_algo": None}
+        cfg_q = {"quant_method": "modelopt", "producer": producer, "config_groups": groups}
+        if len(set(algos.values())) == 1:
+            algo = next(iter(algos.values()))
+            quant.update(quant_algo=algo, group_size=16, exclude_modules=excluded)
+            cfg_q.update(quant_algo=algo, ignore=excluded)
+        else:  # ModelOpt's per-layer form: the quantized layers listed, each with its algorithm
+            per_layer = {n: {"quant_algo": a, "group_size": 16} for n, a in sorted(algos.items())}
+            quant.update(quant_algo="MIXED_PRECISION", quantized_layers=per_layer)
+            cfg_q.update(quant_algo="MIXED_PRECISION", ignore=[], quantized_layers=per_layer)
         with open(os.path.join(directory, HF_QUANT_CONFIG), "w") as f:
-            json.dump(hf, f, indent=4)
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": producer,
-                                      "ignore": excluded, "config_groups": groups}
+            json.dump({"producer": producer, "quantization": quant}, f, indent=4)
+        cfg["quantization_config"] = cfg_q
     else:
         stale = os.path.join(directory, HF_QUANT_CONFIG)
         if os.path.exists(stale):
@@ -593,6 +611,32 @@ def save_pretrained(
         gen.save_pretrained(directory)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+
+
+# the ModelOpt quant_algo that says each of our modes (dynamic ones have none: ModelOpt's inputs are static)
+MODELOPT_ALGO_OF_MODE = {"static": "NVFP4", "weight_only": "W4A16_NVFP4"}
+
+
+def _refuse_unencodable(modes: dict[str, str], format: str) -> None:
+    """Raises, before anything is written, for layers whose activation numerics the format cannot say."""
+    if format == "modelopt":
+        bad = [n for n, m in modes.items() if m not in MODELOPT_ALGO_OF_MODE]
+        if bad:
+            raise ValueError(
+                f"save_pretrained(format='modelopt'): {len(bad)} layer(s) (e.g. '{bad[0]}', {modes[bad[0]]}) have "
+                f"dynamic input scales, but ModelOpt NVFP4 requires static input scales (input_scale; its readers, "
+                f"vLLM 'modelopt_fp4' and TensorRT-LLM, need them) and W4A16_NVFP4 quantizes no input. Calibrate "
+                f"them (quantize_model(..., calibrate=) / from_pretrained(..., calibrate=)), make them weight-only, "
+                f"or save per-block dynamic layers as format='compressed-tensors'")
+    else:
+        bad = [n for n, m in modes.items() if m == "dynamic"]
+        if bad:
+            raise ValueError(
+                f"save_pretrained(format='compressed-tensors'): {len(bad)} layer(s) (e.g. '{bad[0]}') use a per-call "
+                f"per-tensor input scale (dynamic W4A4), which compressed-tensors cannot say: its "
+                f"input_activations.dynamic=true means per-block scales with no global scale (different numerics), "
+                f"and 'local' needs a static input_global_scale. Calibrate them (static), make them weight-only, or "
+                f"set layer.block_scales_only = True for compressed-tensors' per-block dynamic numerics")
 
 
 def _package_version() -> str:
