@@ -546,6 +546,7 @@ def save_pretrained(
     bar = tqdm(desc="Writing shards", unit="shard", disable=not progress)
     writer = ShardWriter(directory, parse_size(max_shard_size), bar)
     done = set()
+    inexact: list[str] = []  # decode scales that no float32 1 / g holds (compressed-tensors stores g)
     try:
         for key, t in model.state_dict().items():
             owner = key.rpartition(".")[0]
@@ -563,6 +564,9 @@ def save_pretrained(
                 ws2 = ws2.reshape(())
                 inp = None if inp is None else inp.reshape(()).float()
             else:
+                for what, decode in (("weight_scale_2", ws2), ("input_scale", inp)):
+                    if decode is not None and not torch.equal(1.0 / _encode_of(decode), decode.reshape(1).float().cpu()):
+                        inexact.append(f"{owner}.{what}")
                 ws2 = _encode_of(ws2)
                 inp = None if inp is None else _encode_of(inp)
             writer.add(f"{owner}.{names[0]}", m.weight)
@@ -575,6 +579,11 @@ def save_pretrained(
         writer.close()
     finally:
         bar.close()
+    if inexact:
+        warnings.warn(f"save_pretrained(format='compressed-tensors'): {len(inexact)} per-tensor scale(s) (e.g. "
+                      f"'{inexact[0]}') are not the reciprocal of any float32, and compressed-tensors stores the "
+                      f"reciprocal: they load back one float32 ulp off (ModelOpt's amax / 2688 scales can be such; "
+                      f"format='modelopt' keeps them exactly)")
 
     producer = {"name": "nvfp4_gemm", "version": _package_version()}
     cfg = config.to_dict()

@@ -493,3 +493,29 @@ def test_fixtures_are_what_the_producer_makes(tmp_path, producer, var, module):
         for k in a:
             assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) if a[k].dtype.itemsize == 1 else \
                 torch.equal(a[k], b[k]), f"{name}: {k}"
+
+
+def test_compressed_tensors_save_keeps_per_tensor_scales(tmp_path):
+    """compressed-tensors stores 1 / scale. A scale that is a float32 reciprocal (every compressed-tensors
+    checkpoint's, our quantizer's) reloads bit for bit; ModelOpt's amax / 2688 need not be one: those reload
+    within one ulp, and the save names them in a warning."""
+    import warnings
+
+    def scales(m):
+        return {f"{n}.{a}": getattr(l, a).clone() for n, l in m.named_modules() if isinstance(l, NVFP4Linear)
+                for a in ("weight_scale_2", "input_scale") if getattr(l, a) is not None}
+
+    llmc = from_pretrained(path("llmc-nvfp4"), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_pretrained(llmc, tmp_path / "a", format="compressed-tensors", progress=False)
+    before, after = scales(llmc), scales(from_pretrained(tmp_path / "a", progress=False))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+    mo = from_pretrained(path("modelopt-nvfp4"), progress=False)
+    with pytest.warns(UserWarning, match=r"per-tensor scale\(s\) .* one float32 ulp off") as rec:
+        save_pretrained(mo, tmp_path / "b", format="compressed-tensors", progress=False)
+    before, after = scales(mo), scales(from_pretrained(tmp_path / "b", progress=False))
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert moved and all(float((before[k] - after[k]).abs() / before[k]) <= 2.0**-23 for k in moved)
+    assert f"{len(moved)} per-tensor scale(s)" in str(rec[0].message)
