@@ -509,10 +509,14 @@ def save_pretrained(
     generation_config.json, and the tokenizer's files when given. from_pretrained loads it back bit for bit.
 
     format="modelopt": ModelOpt's names and decode scales (weight_scale_2, input_scale as float32 scalars),
-    linear e4m3 weight_scale; its readers (vLLM "modelopt_fp4", TensorRT-LLM) expect static input scales.
+    linear e4m3 weight_scale; quant_algo NVFP4 (static W4A4), W4A16_NVFP4 (weight-only) or MIXED_PRECISION,
+    exclude_modules with the embeddings, as ModelOpt's export writes them. Dynamic layers are refused: ModelOpt
+    NVFP4 inputs have static scales (its readers, vLLM "modelopt_fp4" and TensorRT-LLM, need input_scale).
     format="compressed-tensors": "nvfp4-pack-quantized" (weight_packed, weight_global_scale = 1 /
     weight_scale_2, input_global_scale = 1 / input_scale, chosen so that their reciprocals give our scales
-    back exactly); static, dynamic and weight-only layers are all expressible there.
+    back exactly where a float32 can: a warning names those that cannot); static ("local"), weight-only and
+    per-block dynamic (block_scales_only: "dynamic": true) layers; per-tensor dynamic ones are refused (the
+    format has no such setting). Refusals raise ValueError before anything is written.
     Layers that inference engines fuse (q/k/v, gate/up) should share their per-tensor scales (from_pretrained
     with quantize=True does that); a warning names any group that does not.
     """
