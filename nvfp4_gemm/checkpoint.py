@@ -293,10 +293,11 @@ def from_pretrained(
     NVFP4Linear, the excluded / ignored ones stay float.
     torch_dtype: dtype of the float tensors (embeddings, norms, excluded layers, biases); default the
     config's dtype, else float32.
-    weight_only: None runs each layer as the checkpoint says (static input scales -> static W4A4; dynamic
-    activations configured -> dynamic W4A4; no input quantization configured -> weight-only W4A16);
-    True makes every layer weight-only (input scales are ignored); False makes configured weight-only
-    layers dynamic W4A4.
+    weight_only: None runs each layer as the checkpoint says (static input scales -> static W4A4;
+    compressed-tensors dynamic=true -> per-block dynamic W4A4 without a global scale, its numerics;
+    ModelOpt W4A16_NVFP4 or no input quantization configured -> weight-only W4A16); True makes every layer
+    weight-only (input scales are checked if present, then dropped, and need not be there); False makes
+    configured weight-only layers dynamic W4A4 (per-tensor scale).
     quantize=True reads an unquantized checkpoint and quantizes each Linear as it streams in (the
     NVFP4Linear.from_linear recipe; the members of a fused q/k/v or gate/up group share the per-tensor
     scale of their largest |w|, as ModelOpt and llm-compressor do). Linear layers matching an `exclude`
