@@ -10,6 +10,10 @@ the backends that can run on the local GPU, forced by name, the generic CUDA pat
 shapes it accepts, checks each against the reference with SPEC.md's bound and prints a report to paste into
 a bug report (versions, device, build, PASS/FAIL per entry). The first thing to run on new hardware.
 Exit status 1 if any entry fails.
+
+`python -m nvfp4_gemm generate PATH --prompt "..." [--max-new-tokens N]` loads an NVFP4 checkpoint
+directory (ModelOpt or compressed-tensors, with its tokenizer) through `nvfp4_gemm.from_pretrained`,
+generates greedily and prints the text and the decoding speed in tokens/s.
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ def bytes_moved(m: int, n: int, k: int, out_dtype: torch.dtype) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "generate":
+        return generate(argv[1:])
     p = argparse.ArgumentParser(prog="python -m nvfp4_gemm", description=__doc__.split("\n")[0])
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--shapes", default=None, help="M,N,K;M,N,K;... (default: built-in list)")
@@ -166,6 +173,62 @@ def selftest() -> int:
     failed = sum(not r.ok for r in rows)
     print(f"{len(rows) - failed} of {len(rows)} entries passed, {failed} failed")
     return 1 if failed else 0
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def generate(argv: list[str]) -> int:
+    """`python -m nvfp4_gemm generate PATH --prompt ...`: exit status 0, or 2 for a directory it cannot use
+    (no checkpoint, no tokenizer, an unsupported or broken checkpoint), with the reason on stderr."""
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m nvfp4_gemm generate",
+                                description="Load an NVFP4 checkpoint directory and generate text (greedy).")
+    p.add_argument("path", help="checkpoint directory (config.json, safetensors, and its tokenizer's files)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--weight-only", action="store_true", help="run every NVFP4 layer weight-only (W4A16)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+
+    from .checkpoint import CheckpointError, from_pretrained
+
+    def fail(msg: str) -> int:
+        print(f"python -m nvfp4_gemm generate: {msg}", file=sys.stderr)
+        return 2
+
+    if not os.path.isfile(os.path.join(args.path, "config.json")):
+        return fail(f"{args.path}: not a checkpoint directory (no config.json)")
+    if not any(os.path.isfile(os.path.join(args.path, f)) for f in TOKENIZER_FILES):
+        return fail(f"{args.path}: no tokenizer in the directory (looked for {', '.join(TOKENIZER_FILES)}); "
+                    f"save one beside the weights, e.g. save_pretrained(model, path, format, tokenizer=tok)")
+    from transformers import AutoTokenizer
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.path)
+        model = from_pretrained(args.path, device=device, weight_only=True if args.weight_only else None)
+    except (CheckpointError, OSError, ValueError) as e:
+        return fail(str(e))
+    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.no_grad():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                             do_sample=False, pad_token_id=pad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    new = out[0, ids.shape[1]:]
+    print(tokenizer.decode(out[0], skip_special_tokens=True))
+    print(f"{new.numel()} new tokens in {seconds:.2f} s: {new.numel() / seconds:.1f} tokens/s "
+          f"(prompt {ids.shape[1]} tokens, greedy, {device})", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The two public NVFP4 checkpoint formats: which Linear layers are quantized, how, and under which names.
 
 NVIDIA Model Optimizer ("modelopt"), as its unified Hugging Face export writes it:
-  * config: hf_quant_config.json {"producer": ..., "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+  * config: hf_quant_config.json {"producer": ..., "quantization": {"quant_algo": "NVFP4" (W4A4, static input
+    scales) or "W4A16_NVFP4" (weight-only: no input quantizer, no input_scale), "group_size": 16,
     "exclude_modules": [fnmatch patterns], "kv_cache_quant_algo": ...}} and, from later versions on, the same
     in config.json "quantization_config" {"quant_method": "modelopt", "quant_algo", "ignore", "config_groups"}.
-    "MIXED_PRECISION" lists each quantized layer under "quantized_layers".
+    "MIXED_PRECISION" lists each quantized layer under "quantized_layers" with its own quant_algo.
+    exclude_modules names the modules left float, the input embedding included (model.embed_tokens).
   * every nn.Linear not excluded is quantized; tensors <m>.weight uint8 [N, K/2] (element 2i in the low
     nibble), <m>.weight_scale float8_e4m3fn [N, K/16] row-major, <m>.weight_scale_2 float32 scalar (the weight
     DECODE scale amax / 2688), <m>.input_scale float32 scalar (input DECODE scale; static W4A4).
@@ -18,7 +20,8 @@ compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM
     <m>.weight_global_scale float32 [1] = the ENCODE scale = 1 / weight_scale_2, and, when the input
     activations are "dynamic": "local" (global scale static, block scales per call),
     <m>.input_global_scale float32 [1] = 1 / input_scale. input_activations null is weight-only (NVFP4A16);
-    "dynamic": true is a fully dynamic input scale.
+    "dynamic": true is per-block e4m3 scales computed per call with NO global scale (compressed-tensors
+    registers no input_global_scale then): our mode "dynamic_block", quantize(x, None).
   * llm-compressor also makes q/k/v and gate/up share the global scales.
 """
 from __future__ import annotations
@@ -32,7 +35,11 @@ from torch import nn
 
 from ._checkpoint_io import CheckpointError, UnsupportedFormatError, checked_file
 
-MODES = ("static", "dynamic", "weight_only")
+# static: input_scale from calibration; dynamic: per-call per-tensor scale from the amax (ours);
+# dynamic_block: per-call per-block e4m3 scales, no per-tensor scale (compressed-tensors' dynamic: true)
+MODES = ("static", "dynamic", "dynamic_block", "weight_only")
+# ModelOpt quant_algo -> the mode of its layers
+MODELOPT_ALGOS = {"NVFP4": "static", "W4A16_NVFP4": "weight_only"}
 # Projections that inference engines fuse into one GEMM; they must share the per-tensor scales.
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -86,8 +93,8 @@ def _ct_specificity(name: str, target: str) -> int:
     return 0 if target == name else 1 if target.startswith("re:") else 2
 
 
-def _mode_of_activations(args, where: str) -> str:
-    """A config_groups entry's input_activations -> static / dynamic / weight_only."""
+def _mode_of_activations(args, where: str, fmt: str) -> str:
+    """A config_groups entry's input_activations -> static / dynamic / dynamic_block / weight_only."""
     if args is None:
         return "weight_only"
     if not isinstance(args, dict):
@@ -97,7 +104,9 @@ def _mode_of_activations(args, where: str) -> str:
                                      f"type={args.get('type')} are not NVFP4 (W4A4 or weight-only only)")
     dyn = args.get("dynamic", False)
     if dyn is True:
-        return "dynamic"
+        # compressed-tensors: no global scale, per-block scales only. ModelOpt's own exports never say
+        # this (its NVFP4 inputs have static scales); nvfp4_gemm's earlier writer did, for per-call scales.
+        return "dynamic_block" if fmt == "compressed-tensors" else "dynamic"
     if dyn in (False, "local"):  # "local": static global scale, per-block scales computed per call
         return "static"
     raise UnsupportedFormatError(f"{where}: input_activations dynamic={dyn!r} is not supported")
@@ -111,7 +120,8 @@ class QuantFormat:
     exclude: list[str] = field(default_factory=list)       # modelopt: fnmatch patterns
     groups: list[tuple[list[str], str]] = field(default_factory=list)  # (targets, mode), compressed-tensors style
     ignore: list[str] = field(default_factory=list)        # compressed-tensors ignore entries
-    quantized_layers: set[str] | None = None    # modelopt MIXED_PRECISION: the explicit list
+    quantized_layers: dict[str, str] | None = None  # modelopt MIXED_PRECISION: layer -> its mode
+    algo_mode: str = "static"                   # modelopt: the mode quant_algo gives every quantized layer
     kv_cache: bool = False                      # k_scale / v_scale tensors may be present (ignored)
 
     def names(self) -> dict[str, str]:
@@ -121,20 +131,22 @@ class QuantFormat:
         """None if the module is not quantized in this checkpoint, else its mode as the config says."""
         if self.name == "modelopt":
             if self.quantized_layers is not None:
-                quantized = name in self.quantized_layers
-            else:
-                quantized = isinstance(module, nn.Linear) and not any(
-                    fnmatch.fnmatchcase(name, p) for p in self.exclude)
+                if name not in self.quantized_layers:
+                    return None
+                return self.quantized_layers[name]
+            quantized = isinstance(module, nn.Linear) and not any(
+                fnmatch.fnmatchcase(name, p) for p in self.exclude)
             if not quantized:
                 return None
-            if not self.groups:  # hf_quant_config.json alone: NVFP4 is W4A4 with static input scales
-                return "static"
+            if not self.groups or self.algo_mode == "weight_only":
+                # hf_quant_config.json alone (NVFP4: static input scales; W4A16_NVFP4: weight-only)
+                return self.algo_mode
         elif any(_ct_match(name, module, ig, self.source) for ig in self.ignore):
             return None
         matches = [(t, mode) for targets, mode in self.groups for t in targets
                    if _ct_match(name, module, t, self.source)]
         if not matches:
-            return None if self.name == "compressed-tensors" else "static"
+            return None if self.name == "compressed-tensors" else self.algo_mode
         target, mode = min(matches, key=lambda tm: _ct_specificity(name, tm[0]))
         if not isinstance(module, nn.Linear):
             # a regex also matches parents of the layers it is meant for (re:.*mlp.* matches the MLP block),
@@ -198,22 +210,25 @@ def _modelopt(qcfg: dict, source: str, groups_cfg: dict | None) -> QuantFormat:
     if algo == "MIXED_PRECISION":
         layers = qcfg.get("quantized_layers") or {}
         for layer, lc in layers.items():
-            if lc.get("quant_algo") != "NVFP4":
+            if lc.get("quant_algo") not in MODELOPT_ALGOS:
                 raise UnsupportedFormatError(f"{source}: layer '{layer}' uses quant_algo {lc.get('quant_algo')!r}; "
-                                             f"only NVFP4 layers are supported")
+                                             f"only NVFP4 and W4A16_NVFP4 layers are supported")
             if lc.get("group_size", 16) != 16:
                 raise UnsupportedFormatError(f"{source}: layer '{layer}' has group_size {lc.get('group_size')}, NVFP4 is 16")
-        fmt.quantized_layers = set(layers)
-    elif algo != "NVFP4":
-        raise UnsupportedFormatError(f"{source}: quant_algo {algo!r} is not supported (only NVFP4; FP8, INT4/AWQ, "
-                                     f"NVFP4_AWQ, W4A8, MXFP4 and others are not)")
+        fmt.quantized_layers = {layer: MODELOPT_ALGOS[lc["quant_algo"]] for layer, lc in layers.items()}
+    elif algo not in MODELOPT_ALGOS:
+        raise UnsupportedFormatError(f"{source}: quant_algo {algo!r} is not supported (only NVFP4 and W4A16_NVFP4; "
+                                     f"FP8, INT4/AWQ, NVFP4_AWQ, W4A8, MXFP4 and others are not)")
     elif qcfg.get("group_size", 16) != 16:
         raise UnsupportedFormatError(f"{source}: group_size {qcfg.get('group_size')} is not NVFP4's 16")
+    else:
+        fmt.algo_mode = MODELOPT_ALGOS[algo]
     fmt.exclude = list(qcfg.get("exclude_modules") or qcfg.get("ignore") or [])
     fmt.kv_cache = bool(qcfg.get("kv_cache_quant_algo") or qcfg.get("kv_cache_scheme"))
     for gname, g in (groups_cfg or {}).items():
         fmt.groups.append((list(g.get("targets") or ["Linear"]),
-                           _mode_of_activations(g.get("input_activations"), f"{source}: config_groups.{gname}")))
+                           _mode_of_activations(g.get("input_activations"), f"{source}: config_groups.{gname}",
+                                                "modelopt")))
     return fmt
 
 
@@ -246,7 +261,7 @@ def _compressed_tensors(qcfg: dict, source: str) -> QuantFormat:
         if g.get("output_activations"):
             raise UnsupportedFormatError(f"{where}: output activation quantization is not supported")
         fmt.groups.append((list(g.get("targets") or []),
-                           _mode_of_activations(g.get("input_activations"), where)))
+                           _mode_of_activations(g.get("input_activations"), where, "compressed-tensors")))
     fmt.ignore = list(qcfg.get("ignore") or [])
     fmt.kv_cache = bool(qcfg.get("kv_cache_scheme"))
     return fmt

@@ -65,7 +65,9 @@ def _layer_supports_weight_only() -> bool:
 def _layer_mode(layer: NVFP4Linear) -> str:
     if getattr(layer, "weight_only", False):
         return "weight_only"
-    return "static" if layer.input_scale is not None else "dynamic"
+    if layer.input_scale is not None:
+        return "static"
+    return "dynamic_block" if getattr(layer, "block_scales_only", False) else "dynamic"
 
 
 @dataclass
@@ -84,6 +86,8 @@ def _new_layer(plan: _Layer, device: torch.device, dtype: torch.dtype) -> NVFP4L
         kwargs["static_input_scale"] = True
     elif plan.mode == "weight_only":
         kwargs["weight_only"] = True
+    elif plan.mode == "dynamic_block":
+        kwargs["block_scales_only"] = True
     return NVFP4Linear(plan.k, plan.n, **kwargs)
 
 
@@ -119,10 +123,11 @@ def _replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 class _Expect:
     """One tensor the checkpoint must hold: its owner (a quantized layer or None) and what it must look like."""
-    __slots__ = ("layer", "role", "dtypes", "shape", "what")
+    __slots__ = ("layer", "role", "dtypes", "shape", "what", "optional")
 
-    def __init__(self, layer, role, dtypes, shape, what):
+    def __init__(self, layer, role, dtypes, shape, what, optional=False):
         self.layer, self.role, self.dtypes, self.shape, self.what = layer, role, dtypes, shape, what
+        self.optional = optional  # checked when present, not required (an input scale a weight-only run drops)
 
     def check(self, e: TensorEntry) -> None:
         if self.dtypes is not None and e.dtype not in self.dtypes:
@@ -189,7 +194,8 @@ def _expectations(model: nn.Module, layers: dict[str, _Layer], fmt: QuantFormat 
                                                             "the per-tensor weight scale")
             if plan.ckpt_mode == "static":
                 exp[f"{p}.{names['input_scale']}"] = _Expect(p, "input_scale", (torch.float32,), "scalar",
-                                                             "the static input scale")
+                                                             "the static input scale",
+                                                             optional=plan.mode == "weight_only")
         if plan.bias:
             exp[f"{p}.bias"] = _Expect(p, "bias", _FLOATS, (n,), "the bias")
     for key, t in model.state_dict(keep_vars=True).items():
@@ -307,10 +313,11 @@ def from_pretrained(
     NVFP4Linear, the excluded / ignored ones stay float.
     torch_dtype: dtype of the float tensors (embeddings, norms, excluded layers, biases); default the
     config's dtype, else float32.
-    weight_only: None runs each layer as the checkpoint says (static input scales -> static W4A4; dynamic
-    activations configured -> dynamic W4A4; no input quantization configured -> weight-only W4A16);
-    True makes every layer weight-only (input scales are ignored); False makes configured weight-only
-    layers dynamic W4A4.
+    weight_only: None runs each layer as the checkpoint says (static input scales -> static W4A4;
+    compressed-tensors dynamic=true -> per-block dynamic W4A4 without a global scale, its numerics;
+    ModelOpt W4A16_NVFP4 or no input quantization configured -> weight-only W4A16); True makes every layer
+    weight-only (input scales are checked if present, then dropped, and need not be there); False makes
+    configured weight-only layers dynamic W4A4 (per-tensor scale).
     quantize=True reads an unquantized checkpoint and quantizes each Linear as it streams in (the
     NVFP4Linear.from_linear recipe; the members of a fused q/k/v or gate/up group share the per-tensor
     scale of their largest |w|, as ModelOpt and llm-compressor do). Linear layers matching an `exclude`
@@ -364,6 +371,7 @@ def from_pretrained(
                                   f"nvfp4_gemm's NVFP4Linear has no weight_only mode; pass weight_only=False to run "
                                   f"them as dynamic W4A4")
     exp = _expectations(model, layers, fmt, tied)
+    exp = {k: e for k, e in exp.items() if not (e.optional and k not in entries)}
     ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
     ignore_unexpected.append(r"rotary_emb\.inv_freq$")
     _check_names(exp, entries, layers, fmt, directory, ignore_unexpected, tied)
@@ -561,20 +569,20 @@ def _quant_config_groups(modes: dict[str, str], fmt: str) -> dict:
         by_mode[mode].append(name)
     groups = {}
     for i, (mode, names) in enumerate(sorted(by_mode.items())):
-        if fmt == "modelopt":
+        if fmt == "modelopt":  # as ModelOpt's export writes them: weight-only groups have no input_activations
             w = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
-            a = None if mode == "weight_only" else {"dynamic": mode == "dynamic", "num_bits": 4, "type": "float",
-                                                     "group_size": 16}
-        else:
+            g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w}
+            if mode == "static":
+                g["input_activations"] = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+        else:  # static: "local" (static global scale, per-call block scales); dynamic_block: true (no global scale)
             w = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "symmetric": True, "dynamic": False,
                  "group_size": 16, "scale_dtype": "torch.float8_e4m3fn"}
             a = None if mode == "weight_only" else {
                 "num_bits": 4, "type": "float", "strategy": "tensor_group", "symmetric": True,
-                "dynamic": True if mode == "dynamic" else "local", "group_size": 16,
+                "dynamic": True if mode == "dynamic_block" else "local", "group_size": 16,
                 "scale_dtype": "torch.float8_e4m3fn"}
-        g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w, "input_activations": a}
-        if fmt == "compressed-tensors":
-            g.update(format=CT_FORMAT, output_activations=None)
+            g = {"targets": ["Linear"] if len(by_mode) == 1 else sorted(names), "weights": w, "input_activations": a,
+                 "format": CT_FORMAT, "output_activations": None}
         groups[f"group_{i}"] = g
     return groups
 
@@ -594,10 +602,14 @@ def save_pretrained(
     generation_config.json, and the tokenizer's files when given. from_pretrained loads it back bit for bit.
 
     format="modelopt": ModelOpt's names and decode scales (weight_scale_2, input_scale as float32 scalars),
-    linear e4m3 weight_scale; its readers (vLLM "modelopt_fp4", TensorRT-LLM) expect static input scales.
+    linear e4m3 weight_scale; quant_algo NVFP4 (static W4A4), W4A16_NVFP4 (weight-only) or MIXED_PRECISION,
+    exclude_modules with the embeddings, as ModelOpt's export writes them. Dynamic layers are refused: ModelOpt
+    NVFP4 inputs have static scales (its readers, vLLM "modelopt_fp4" and TensorRT-LLM, need input_scale).
     format="compressed-tensors": "nvfp4-pack-quantized" (weight_packed, weight_global_scale = 1 /
     weight_scale_2, input_global_scale = 1 / input_scale, chosen so that their reciprocals give our scales
-    back exactly); static, dynamic and weight-only layers are all expressible there.
+    back exactly where a float32 can: a warning names those that cannot); static ("local"), weight-only and
+    per-block dynamic (block_scales_only: "dynamic": true) layers; per-tensor dynamic ones are refused (the
+    format has no such setting). Refusals raise ValueError before anything is written.
     Layers that inference engines fuse (q/k/v, gate/up) should share their per-tensor scales (from_pretrained
     with quantize=True does that); a warning names any group that does not.
     The save is atomic: arguments and values are checked first, the checkpoint is written into a new
@@ -618,6 +630,7 @@ def save_pretrained(
                          f"{type(tokenizer).__name__}")
     _check_saved_values(layers, format)
     modes = {n: _layer_mode(m) for n, m in layers.items()}
+    _refuse_unencodable(modes, format)
     _warn_unshared_scales(layers)
 
     # Everything is written into a fresh directory beside the target and swapped in whole: a save that fails
@@ -647,6 +660,9 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
     from tqdm.auto import tqdm
 
     excluded = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+    if format == "modelopt":  # ModelOpt's export lists every float module with a weight, embeddings included
+        excluded = sorted(set(excluded) | {n for n, m in model.named_modules() if isinstance(m, nn.Embedding)})
+
     names = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
              "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}[format]
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
@@ -654,6 +670,7 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
     bar = tqdm(desc="Writing shards", unit="shard", disable=not progress)
     writer = ShardWriter(directory, max_bytes, bar)
     done = set()
+    inexact: list[str] = []  # decode scales that no float32 1 / g holds (compressed-tensors stores g)
     try:
         for key, t in model.state_dict().items():
             owner = key.rpartition(".")[0]
@@ -671,6 +688,9 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
                 ws2 = ws2.reshape(())
                 inp = None if inp is None else inp.reshape(()).float()
             else:
+                for what, decode in (("weight_scale_2", ws2), ("input_scale", inp)):
+                    if decode is not None and not torch.equal(1.0 / _encode_of(decode), decode.reshape(1).float().cpu()):
+                        inexact.append(f"{owner}.{what}")
                 ws2 = _encode_of(ws2)
                 inp = None if inp is None else _encode_of(inp)
             writer.add(f"{owner}.{names[0]}", m.weight)
@@ -683,6 +703,11 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
         writer.close()
     finally:
         bar.close()
+    if inexact:
+        warnings.warn(f"save_pretrained(format='compressed-tensors'): {len(inexact)} per-tensor scale(s) (e.g. "
+                      f"'{inexact[0]}') are not the reciprocal of any float32, and compressed-tensors stores the "
+                      f"reciprocal: they load back one float32 ulp off (ModelOpt's amax / 2688 scales can be such; "
+                      f"format='modelopt' keeps them exactly)")
 
     producer = {"name": "nvfp4_gemm", "version": _package_version()}
     cfg = config.to_dict()
@@ -690,12 +715,20 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
     cfg.setdefault("architectures", [type(model).__name__])
     groups = _quant_config_groups(modes, format)
     if format == "modelopt":
-        hf = {"producer": producer, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
-                                                     "group_size": 16, "exclude_modules": excluded}}
+        algos = {n: MODELOPT_ALGO_OF_MODE[m] for n, m in modes.items()}
+        quant = {"quant_algo": None, "kv_cache_quant_algo": None}
+        cfg_q = {"quant_method": "modelopt", "producer": producer, "config_groups": groups}
+        if len(set(algos.values())) == 1:
+            algo = next(iter(algos.values()))
+            quant.update(quant_algo=algo, group_size=16, exclude_modules=excluded)
+            cfg_q.update(quant_algo=algo, ignore=excluded)
+        else:  # ModelOpt's per-layer form: the quantized layers listed, each with its algorithm
+            per_layer = {n: {"quant_algo": a, "group_size": 16} for n, a in sorted(algos.items())}
+            quant.update(quant_algo="MIXED_PRECISION", quantized_layers=per_layer)
+            cfg_q.update(quant_algo="MIXED_PRECISION", ignore=[], quantized_layers=per_layer)
         with open(os.path.join(directory, HF_QUANT_CONFIG), "w") as f:
-            json.dump(hf, f, indent=4)
-        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": producer,
-                                      "ignore": excluded, "config_groups": groups}
+            json.dump({"producer": producer, "quantization": quant}, f, indent=4)
+        cfg["quantization_config"] = cfg_q
     else:
         cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": CT_FORMAT,
                                       "quantization_status": "compressed", "config_groups": groups,
@@ -841,6 +874,32 @@ def _swap_in(staging: str, target: str) -> None:
         raise
     _fsync_dir(os.path.dirname(target))
     shutil.rmtree(old, ignore_errors=True)
+
+
+# the ModelOpt quant_algo that says each of our modes (dynamic ones have none: ModelOpt's inputs are static)
+MODELOPT_ALGO_OF_MODE = {"static": "NVFP4", "weight_only": "W4A16_NVFP4"}
+
+
+def _refuse_unencodable(modes: dict[str, str], format: str) -> None:
+    """Raises, before anything is written, for layers whose activation numerics the format cannot say."""
+    if format == "modelopt":
+        bad = [n for n, m in modes.items() if m not in MODELOPT_ALGO_OF_MODE]
+        if bad:
+            raise ValueError(
+                f"save_pretrained(format='modelopt'): {len(bad)} layer(s) (e.g. '{bad[0]}', {modes[bad[0]]}) have "
+                f"dynamic input scales, but ModelOpt NVFP4 requires static input scales (input_scale; its readers, "
+                f"vLLM 'modelopt_fp4' and TensorRT-LLM, need them) and W4A16_NVFP4 quantizes no input. Calibrate "
+                f"them (quantize_model(..., calibrate=) / from_pretrained(..., calibrate=)), make them weight-only, "
+                f"or save per-block dynamic layers as format='compressed-tensors'")
+    else:
+        bad = [n for n, m in modes.items() if m == "dynamic"]
+        if bad:
+            raise ValueError(
+                f"save_pretrained(format='compressed-tensors'): {len(bad)} layer(s) (e.g. '{bad[0]}') use a per-call "
+                f"per-tensor input scale (dynamic W4A4), which compressed-tensors cannot say: its "
+                f"input_activations.dynamic=true means per-block scales with no global scale (different numerics), "
+                f"and 'local' needs a static input_global_scale. Calibrate them (static), make them weight-only, or "
+                f"set layer.block_scales_only = True for compressed-tensors' per-block dynamic numerics")
 
 
 def _package_version() -> str:

