@@ -23,7 +23,6 @@ from .formats import (  # noqa: E402
 )
 from .info import configs, dispatch_rules, info  # noqa: E402
 from .ops import linear, mm  # noqa: E402
-from . import autograd as _autograd  # noqa: E402,F401  (registers the ops' backward)
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
 from .nn import NVFP4Linear, quantize_model  # noqa: E402

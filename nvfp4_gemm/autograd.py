@@ -22,6 +22,10 @@ The packed weight and every scale (weight, weight_scale, weight_scale_2, input_s
 alpha; a packed `a`) are frozen buffers: a forward with any of them requiring grad raises a RuntimeError
 naming it. `nvfp4_gemm.mm(..., out=)` (the mutating mm_out) does not record a graph: with an input that
 requires grad it raises instead of leaving the gradient silently None.
+
+Host time: the registered autograd kernel is Python (~5-15 us a call). NVFP4Linear.forward and nvfp4_gemm.mm
+go straight to the device kernel when no gradient is asked for (call_linear, call_mm), so inference pays
+~1 us for the check and nothing more.
 """
 from __future__ import annotations
 
@@ -30,21 +34,25 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .formats import SF_VEC, from_blocked
 
-# Values decoded per chunk: bounds the int32 index and the gathered chunk (2^24 values: 64 MiB of index).
+# Values decoded per chunk: bounds the transient int32 index (2^24 values: 32 MiB).
 _DECODE_CHUNK = 1 << 24
 _PAIR_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
+# The word type holding a pair of decoded values, per value dtype: the table is gathered as one word per byte.
+_PAIR_WORD = {torch.float16: torch.int32, torch.bfloat16: torch.int32, torch.float32: torch.int64}
+
+
 def _make_pair_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """[256, 2]: a packed byte -> (value of its low nibble, value of its high nibble), built on the device
-    from the bit formula (no host-to-device copy: capturable in a CUDA graph)."""
+    """[256] words: a packed byte -> (value of its low nibble, value of its high nibble) in `dtype`, as one
+    word, built on the device from the bit formula (no host-to-device copy: capturable in a CUDA graph)."""
     byte = torch.arange(256, dtype=torch.int32, device=device)
     codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
     mag, exp = (codes & 1).to(torch.float32), ((codes >> 1) & 3).to(torch.float32)
     # e2m1: exponent 0 is the subnormal m * 0.5; else (1 + m / 2) * 2^(e - 1) = (2 + m) * 2^(e - 2).
     value = torch.where(exp == 0, mag * 0.5, (2.0 + mag) * torch.exp2(exp - 2.0))
     value = torch.where(codes >= 8, -value, value)  # code 8 is -0.0
-    return value.to(dtype)
+    return value.to(dtype).view(_PAIR_WORD[dtype]).reshape(256)
 
 
 def _pair_lut(device: torch.device, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
@@ -65,19 +73,20 @@ def _pair_lut(device: torch.device, dtype: torch.dtype, like: torch.Tensor) -> t
 def decode_weight(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N, K/2] packed e2m1 + blocked e4m3 scales (any view mm accepts) -> [N, K] decoded values in `dtype`
     (float16, bfloat16 or float32: every e2m1 * e4m3 product is exact in each), without the per-tensor
-    scale. The same numbers as `formats.dequantize`, with a fraction of its temporaries."""
+    scale. The same numbers as `formats.dequantize`, with a fraction of its temporaries: per row chunk, the
+    bytes widened to int32 indices, one gather of value pairs straight into the output, one in-place scale."""
     n, k = weight.shape[0], weight.shape[1] * 2
     scales = from_blocked(weight_scale, n, k).view(torch.float8_e4m3fn).to(dtype)  # [N, K/16]
     out = torch.empty((n, k), dtype=dtype, device=weight.device)
+    words = out.view(_PAIR_WORD[dtype])  # [N, K/2]: one word per packed byte
     lut = _pair_lut(weight.device, dtype, weight)
     packed = weight.view(torch.uint8)
     step = max(1, _DECODE_CHUNK // max(k, 1))
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        rows = out[r0:r1]
-        rows.copy_(lut[packed[r0:r1].to(torch.int32)].view(r1 - r0, k))
+        torch.index_select(lut, 0, packed[r0:r1].reshape(-1).to(torch.int32), out=words[r0:r1].view(-1))
         # In place in `dtype`: e2m1 (2 significant bits) * e4m3 (4) fits float16's and bfloat16's 11 / 8 bits.
-        rows.view(r1 - r0, k // SF_VEC, SF_VEC).mul_(scales[r0:r1].unsqueeze(-1))
+        out[r0:r1].view(r1 - r0, k // SF_VEC, SF_VEC).mul_(scales[r0:r1].unsqueeze(-1))
     return out
 
 
@@ -146,18 +155,39 @@ def _mm_backward(ctx, dout):
     return tuple(grads)
 
 
-def _mm_out_autograd(a, b, sfa, sfb, alpha=None, out_dtype=None, *, out):
-    # An op that writes into `out` cannot record how out depends on its inputs; without this kernel the
-    # default fallback would warn and leave every gradient None.
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (a, b, sfa, sfb, alpha, out)):
+_LINEAR_OP = torch.ops.nvfp4_gemm.linear.default
+_MM_OP = torch.ops.nvfp4_gemm.mm.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
+
+
+def refuse_out_with_grad(a, b, sfa, sfb, alpha, out) -> None:
+    """nvfp4_gemm.mm(out=...) with an input that requires grad: an op writing into `out` records no graph, so
+    the gradient would silently be None; say so instead."""
+    if torch.is_grad_enabled() and _any_requires_grad(a, b, sfa, sfb, alpha, out):
         raise RuntimeError("nvfp4_gemm.mm(out=...): writing into `out` does not support autograd, and an input "
                            "requires grad; call nvfp4_gemm.mm without out= (its weight-only form has a backward)")
-    with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.nvfp4_gemm.mm_out.default(a, b, sfa, sfb, alpha, out_dtype, out=out)
+
+
+def call_mm(a, b, sfa, sfb, alpha, out_dtype):
+    """nvfp4_gemm::mm past the (Python) autograd kernel when no gradient is asked for (as call_linear)."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(a, b, sfa, sfb, alpha)):
+        return _MM_OP(a, b, sfa, sfb, alpha, out_dtype)
+    with _below_autograd():
+        return _MM_OP(a, b, sfa, sfb, alpha, out_dtype)
+
+
+def call_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only):
+    """nvfp4_gemm::linear for NVFP4Linear.forward. When no gradient is asked for (no_grad, or nothing requires
+    grad) it goes straight to the device kernel: the registered autograd kernel is Python, and passing
+    through it costs ~5-10 us of host time per call (issue 12's budget is F.linear's). Compiled code takes
+    the op as it is (the compiler removes the autograd layer itself)."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(
+            x, weight, weight_scale, weight_scale_2, input_scale, bias)):
+        return _LINEAR_OP(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
+    with _below_autograd():
+        return _LINEAR_OP(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
 
 
 torch.library.register_autograd("nvfp4_gemm::linear", _linear_backward, setup_context=_linear_setup_context)
 torch.library.register_autograd("nvfp4_gemm::mm", _mm_backward, setup_context=_mm_setup_context)
-_LIB = torch.library.Library("nvfp4_gemm", "IMPL")
-_LIB.impl("mm_out", _mm_out_autograd, "Autograd")

@@ -33,7 +33,7 @@ from torch import nn
 
 from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import blocked_shape, to_blocked
-from .ops import _LINEAR_OP
+from .autograd import call_linear
 from .quantize import finite_amax, global_encode_scale, quantize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -289,7 +289,7 @@ class NVFP4Linear(nn.Module):
         except KeyError:  # a buffer replaced by a parameter (layer.bias = nn.Parameter(...)) lives elsewhere
             args = (self.weight, self.weight_scale, self.weight_scale_2, self.input_scale, self.bias)
         try:
-            return _LINEAR_OP(x, *args, self.weight_only)
+            return call_linear(x, *args, self.weight_only)
         except RuntimeError:
             self._check_input(x)
             raise
