@@ -164,7 +164,13 @@ _any_requires_grad = torch._C._any_requires_grad
 def refuse_out_with_grad(a, b, sfa, sfb, alpha, out) -> None:
     """nvfp4_gemm.mm(out=...) with an input that requires grad: an op writing into `out` records no graph, so
     the gradient would silently be None; say so instead."""
-    if torch.is_grad_enabled() and _any_requires_grad(a, b, sfa, sfb, alpha, out):
+    if not torch.is_grad_enabled():
+        return
+    if torch.compiler.is_compiling():  # dynamo cannot trace _any_requires_grad; the attribute it can
+        needs = any(isinstance(t, torch.Tensor) and t.requires_grad for t in (a, b, sfa, sfb, alpha, out))
+    else:
+        needs = _any_requires_grad(a, b, sfa, sfb, alpha, out)
+    if needs:
         raise RuntimeError("nvfp4_gemm.mm(out=...): writing into `out` does not support autograd, and an input "
                            "requires grad; call nvfp4_gemm.mm without out= (its weight-only form has a backward)")
 
