@@ -36,7 +36,8 @@ from torch import nn
 
 from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import blocked_shape, to_blocked
-from .ops import _LINEAR_OP, mm
+from .autograd import call_linear
+from .ops import mm
 from .quantize import finite_amax, global_encode_scale, quantize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -98,7 +99,9 @@ class NVFP4Linear(nn.Module):
 
     Buffers (all in state_dict, ModelOpt's names): weight uint8 [N, K/2]; weight_scale float8_e4m3fn, flat
     128x4 blocked layout of [N, K/16]; weight_scale_2 float32 [1] (weight decode scale); input_scale float32
-    [1] (input decode scale, static W4A4 only); bias [N], if any. Inference only (no autograd).
+    [1] (input decode scale, static W4A4 only); bias [N], if any. The weight and scales are frozen: gradients
+    reach x (straight through the activation quantization in W4A4) and a bias that requires grad
+    (nvfp4_gemm.autograd); adapters train beside the layer (nvfp4_gemm.peft).
 
     x: [..., K] with at least 2 dims, float16, bfloat16 or float32, on the layer's device; y has x's leading
     dims and dtype. A float32 x in weight-only mode runs the weight-only mm in float32 (products exact, fp32
@@ -298,7 +301,7 @@ class NVFP4Linear(nn.Module):
         except KeyError:  # a buffer replaced by a parameter (layer.bias = nn.Parameter(...)) lives elsewhere
             args = (self.weight, self.weight_scale, self.weight_scale_2, self.input_scale, self.bias)
         try:
-            return _LINEAR_OP(x, *args, self.weight_only)
+            return call_linear(x, *args, self.weight_only)
         except RuntimeError:
             self._check_input(x)
             raise

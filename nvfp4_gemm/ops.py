@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from . import autograd as _autograd  # the ops' backward (registered on import)
+
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)
@@ -51,7 +53,8 @@ def mm(
     current CUDA stream; no host synchronization.
     """
     if out is None:
-        return torch.ops.nvfp4_gemm.mm.default(a, b, sfa, sfb, alpha, out_dtype)
+        return _autograd.call_mm(a, b, sfa, sfb, alpha, out_dtype)
+    _autograd.refuse_out_with_grad(a, b, sfa, sfb, alpha, out)
     torch.ops.nvfp4_gemm.mm_out.default(a, b, sfa, sfb, alpha, out_dtype, out=out)
     return out
 
@@ -89,7 +92,7 @@ def linear(
       * dynamic W4A4: gs = global_encode_scale(finite_amax(x)), 1 / gs is the decode scale; as static after.
     W4A4 results are bit for bit those of quantize() followed by mm() with the same scales.
     """
-    return _LINEAR_OP(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
+    return _autograd.call_linear(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only)
 
 
 def _check_devices(op: str, ref_name: str, ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:

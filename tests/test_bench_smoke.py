@@ -271,3 +271,38 @@ def test_bench_linear_host_smoke():
         us, ratio = float(r[-2]), float(r[-1].rstrip("x"))
         ref = float(rows[0 if i < len(expected) else len(expected)][-2])  # F.linear's row, same bias
         assert us > 0 and math.isclose(ratio, us / ref, abs_tol=0.006 + 0.01 * us / ref), (r, ref)
+
+
+def test_bench_train_smoke(tmp_path):
+    """benchmarks/bench_train.py --smoke: both bases train (finite losses), the base-weight bytes match the
+    formats' sizes recomputed here, ratios and verdicts follow from the rows."""
+    pytest.importorskip("peft", reason="peft is not installed: `pip install --no-deps peft==0.21.2 accelerate==1.15.0`")
+    out = tmp_path / "train.json"
+    proc = run_script("bench_train.py", "--smoke", "--json", str(out))
+    assert_ran(proc)
+    data = json.loads(out.read_text())
+    check_meta(data["meta"])
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == ["bf16", "nvfp4-wo"]
+    # The tiny stack: hidden 64, MLP 128, 4 heads of 16, 2 KV heads; 2 layers; LoRA rank 16 on every projection.
+    shapes = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)]  # (N, K)
+    layers = data["meta"]["layers"]
+    assert layers == 2
+    bf16 = layers * sum(2 * n * k for n, k in shapes)
+    nvfp4 = layers * sum(n * k // 2 + nvfp4_gemm.blocked_shape(n, k)[0] * nvfp4_gemm.blocked_shape(n, k)[1] + 4
+                         for n, k in shapes)
+    assert rows["bf16"]["base_weight_bytes"] == bf16
+    assert rows["nvfp4-wo"]["base_weight_bytes"] == nvfp4
+    for r in rows.values():
+        assert r["trainable_params"] == layers * sum(16 * (n + k) for n, k in shapes)
+        assert len(r["step_ms_all"]) == data["meta"]["steps"] and all(t > 0 for t in r["step_ms_all"])
+        assert math.isclose(r["step_ms"], sorted(r["step_ms_all"])[len(r["step_ms_all"]) // 2], rel_tol=1e-12)
+        assert len(r["losses"]) == data["meta"]["warmup"] + data["meta"]["steps"]
+        assert all(math.isfinite(x) and x > 0 for x in r["losses"])
+        assert r["peak_bytes"] is None  # no CUDA memory stats on the CPU
+    mem, step = data["targets"]
+    assert math.isclose(mem["value"], nvfp4 / bf16, rel_tol=1e-12)
+    assert math.isclose(step["value"], rows["nvfp4-wo"]["step_ms"] / rows["bf16"]["step_ms"], rel_tol=1e-12)
+    check_verdict(mem["value"], 0.35, mem["verdict"])
+    check_verdict(step["value"], 1.15, step["verdict"])
+    assert f"| base-weight memory vs bf16 | {mem['value']:.3f}x | <= 0.35x | {mem['verdict']} |" in proc.stdout
