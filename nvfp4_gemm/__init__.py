@@ -26,6 +26,7 @@ from .ops import linear, mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
 from .nn import NVFP4Linear, quantize_model  # noqa: E402
+from .fused import fuse_projections, unfuse_projections  # noqa: E402
 from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "global_encode_scale",
     "NVFP4Linear",
     "quantize_model",
+    "fuse_projections",
+    "unfuse_projections",
     "from_pretrained",
     "save_pretrained",
     "CheckpointError",

@@ -228,7 +228,10 @@ class ShardWriter:
         nbytes = t.numel() * t.element_size()
         if self.current and self.current_bytes + nbytes > self.max_bytes:
             self.flush()
-        self.current[name] = t.detach().to("cpu").contiguous()
+        t = t.detach().to("cpu").contiguous()
+        if t.untyped_storage().nbytes() != nbytes:  # a view of a larger tensor (a fused layer's part):
+            t = t.clone()                             # safetensors refuses tensors that share memory
+        self.current[name] = t
         self.current_bytes += nbytes
         self.total += nbytes
 

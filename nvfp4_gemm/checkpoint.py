@@ -303,6 +303,7 @@ def from_pretrained(
     exclude: tuple[str, ...] | list[str] = ("lm_head",),
     progress: bool = True,
     trust_remote_code: bool = False,
+    fuse: bool = True,
 ) -> nn.Module:
     """Loads a checkpoint directory into a transformers model (AutoModelForCausalLM.from_config) whose
     quantized Linear layers are NVFP4Linear, on `device` (default CPU), in eval mode.
@@ -325,6 +326,9 @@ def from_pretrained(
     Layers are dynamic W4A4, or weight-only with weight_only=True. calibrate(model), if given, then runs
     once on the quantized model (dynamic scales, no_grad) and every layer gets a static input scale from
     the largest finite |input| it saw (max over a fused group).
+    fuse: run the q/k/v and gate/up groups of Llama-, Mistral-, Qwen2- and Qwen3-family blocks as one GEMM
+    each where their per-tensor scales are shared (nvfp4_gemm.fuse_projections; exact, the model still
+    looks unfused from outside); False keeps one GEMM per layer.
     Raises CheckpointError / UnsupportedFormatError naming the file and the tensor for a bad checkpoint.
     """
     from tqdm.auto import tqdm
@@ -441,6 +445,10 @@ def from_pretrained(
     model.eval()
     if calibrate is not None:
         _calibrate(model, layers, calibrate)
+    if fuse:
+        from .fused import fuse_projections
+
+        fuse_projections(model)
     return model
 
 

@@ -83,6 +83,8 @@ def quantize_weight(
     method: "rtn" (no options), "mse" (options: neighbours=2, global_candidates=1, clip=True; hessian [K, K] or
     its diagonal [K] optional: weights each column's error by it), "gptq" (hessian [K, K] required; options: percdamp=0.01, block_size=128, act_order=True, scale="mse" or "rtn", neighbours=2,
     global_candidates=1, clip=True). See the module docstring for what each chooses.
+    global_scale (an option of every method): a one-element per-tensor ENCODE scale to use instead of the weight's own
+    (rtn's 2688 / amax, or mse's search): layers fused into one GEMM must share one.
     """
     if method not in METHODS:
         raise ValueError(f"quantize_weight: method must be one of {METHODS}, got {method!r}")
@@ -94,19 +96,35 @@ def quantize_weight(
     if w.shape[1] == 0 or w.shape[1] % SF_VEC != 0:
         raise ValueError(f"quantize_weight: K (w.shape[1]) must be a positive multiple of 16, got {w.shape[1]}")
     w = w.detach()
+    global_scale = _check_global_scale(options.pop("global_scale", None), w, options)
     if method == "gptq":
         if hessian is None:
             raise ValueError("quantize_weight: method 'gptq' needs hessian= [K, K] (HessianAccumulator.hessian())")
-        return _gptq(w, hessian, **options)
+        return _gptq(w, hessian, global_scale=global_scale, **options)
     if method == "rtn":
         if hessian is not None:
             raise ValueError("quantize_weight: hessian= is used only by methods 'mse' and 'gptq', got it with 'rtn'")
         if options:
             raise TypeError(f"quantize_weight: method 'rtn' takes no options, got {sorted(options)}")
-        gs = global_encode_scale(finite_amax(w))
+        gs = global_encode_scale(finite_amax(w)) if global_scale is None else global_scale
         packed, sf = quantize(w, gs)
         return packed, sf, 1.0 / gs
-    return _mse(w, weight=None if hessian is None else _column_weights(hessian, w), **options)
+    return _mse(w, weight=None if hessian is None else _column_weights(hessian, w), global_scale=global_scale,
+                **options)
+
+
+def _check_global_scale(gs, w: torch.Tensor, options: dict) -> torch.Tensor | None:
+    """The `global_scale` option: a per-tensor ENCODE scale imposed from outside (layers fused into one GEMM
+    share one, from the group's largest |w|), as a float32 [1] on w's device; it replaces the per-tensor
+    search, so it excludes global_candidates > 1."""
+    if gs is None:
+        return None
+    if not isinstance(gs, torch.Tensor) or gs.numel() != 1:
+        raise ValueError(f"quantize_weight: global_scale must be a one-element tensor, got "
+                         f"{tuple(gs.shape) if isinstance(gs, torch.Tensor) else type(gs).__name__}")
+    if options.get("global_candidates", 1) != 1:
+        raise ValueError("quantize_weight: global_scale fixes the per-tensor scale; global_candidates must be 1")
+    return gs.detach().to(device=w.device, dtype=torch.float32).reshape(1)
 
 
 class HessianAccumulator:
@@ -272,7 +290,8 @@ def _column_weights(hessian: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _mse_search(w: torch.Tensor, neighbours: int, global_candidates: int, clip: bool, weight: torch.Tensor | None,
-                search=_native_search) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                search=_native_search, global_scale: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w [N, K] -> (packed [N, K/2], scale bytes [N, K/16] uint8, gs [1] fp32) by the mse search (module
     docstring). `search` does one per-tensor candidate: the native op, or the PyTorch reference."""
     if not isinstance(neighbours, int) or isinstance(neighbours, bool) or not 0 <= neighbours <= 126:
@@ -280,7 +299,7 @@ def _mse_search(w: torch.Tensor, neighbours: int, global_candidates: int, clip: 
     if not isinstance(global_candidates, int) or global_candidates < 1:
         raise ValueError(f"quantize_weight: global_candidates must be an int >= 1, got {global_candidates!r}")
     amax = finite_amax(w)
-    gs0 = global_encode_scale(amax)
+    gs0 = global_encode_scale(amax) if global_scale is None else global_scale
     if global_candidates == 1:  # rtn's per-tensor scale: one pass, no host sync
         packed, scale_bytes, _ = search(w, gs0, neighbours, clip, weight, False)
         return packed, scale_bytes, gs0
@@ -310,8 +329,8 @@ def _mse_search(w: torch.Tensor, neighbours: int, global_candidates: int, clip: 
 
 
 def _mse(w: torch.Tensor, neighbours: int = 2, global_candidates: int = 1, clip: bool = True, weight=None,
-         search=_native_search):
-    packed, scale_bytes, gs = _mse_search(w, neighbours, global_candidates, clip, weight, search)
+         search=_native_search, global_scale: torch.Tensor | None = None):
+    packed, scale_bytes, gs = _mse_search(w, neighbours, global_candidates, clip, weight, search, global_scale)
     return packed, to_blocked(scale_bytes.view(torch.float8_e4m3fn)), 1.0 / gs
 
 
@@ -340,6 +359,7 @@ def _gptq(
     neighbours: int = 2,
     global_candidates: int = 1,
     clip: bool = True,
+    global_scale: torch.Tensor | None = None,
 ):
     n, k = w.shape
     if not isinstance(hessian, torch.Tensor) or tuple(hessian.shape) != (k, k):
@@ -359,7 +379,9 @@ def _gptq(
         raise ValueError("quantize_weight: hessian holds NaN or inf")
 
     # The per-tensor scale comes from the original weights: rtn's, or the mse search's choice.
-    if scale == "mse" and global_candidates > 1:
+    if global_scale is not None:
+        gs = global_scale
+    elif scale == "mse" and global_candidates > 1:
         gs = _mse_search(W, neighbours, global_candidates, clip, None)[2]
     else:
         gs = global_encode_scale(finite_amax(W))

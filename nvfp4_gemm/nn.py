@@ -79,17 +79,21 @@ def _check_method(method: str) -> None:
         raise ValueError(f"method must be one of {known}, got {method!r}")
 
 
-def _quantize_weight(w: torch.Tensor, method: str, hessian: torch.Tensor | None):
-    """(packed, blocked scales, weight_scale_2) of w [N, K] by `method` (nvfp4_gemm.methods.quantize_weight)."""
+def _quantize_weight(w: torch.Tensor, method: str, hessian: torch.Tensor | None,
+                     global_scale: torch.Tensor | None = None):
+    """(packed, blocked scales, weight_scale_2) of w [N, K] by `method` (nvfp4_gemm.methods.quantize_weight),
+    with the per-tensor ENCODE scale `global_scale` when given."""
     methods = _methods_module()
     if methods is not None:
         kwargs = {} if hessian is None else {"hessian": hessian}
+        if global_scale is not None:
+            kwargs["global_scale"] = global_scale
         return methods.quantize_weight(w, method, **kwargs)
     if method != "rtn":
         raise NotImplementedError(f"method {method!r} needs nvfp4_gemm.methods, which this build does not have")
     if hessian is not None:
         raise ValueError("hessian is only used by methods 'mse' and 'gptq'")
-    gs = global_encode_scale(finite_amax(w))
+    gs = global_encode_scale(finite_amax(w)) if global_scale is None else global_scale.reshape(1).float()
     packed, sf = quantize(w, gs)
     return packed, sf, 1.0 / gs
 
@@ -168,6 +172,7 @@ class NVFP4Linear(nn.Module):
         weight_only: bool = False,
         method: str = "rtn",
         hessian: torch.Tensor | None = None,
+        global_scale: torch.Tensor | None = None,
     ) -> "NVFP4Linear":
         """Quantizes linear.weight on its device; the bias keeps its dtype.
 
@@ -177,6 +182,8 @@ class NVFP4Linear(nn.Module):
             amax), "mse" or "gptq" (nvfp4_gemm.methods.quantize_weight); "gptq" needs `hessian`, the [K, K]
             float32 second moment of the layer's inputs (methods.HessianAccumulator); "mse" takes it (or its
             diagonal [K]) optionally and then weighs each input column's error by its diagonal entry.
+        global_scale: a one-element per-tensor ENCODE scale to quantize with instead of the weight's own
+            (layers fused into one GEMM share the one from their largest |w|); weight_scale_2 = 1 / it.
         """
         _check_method(method)
         if weight_only and input_amax is not None:
@@ -186,7 +193,8 @@ class NVFP4Linear(nn.Module):
         has_bias = linear.bias is not None
         layer = cls(linear.in_features, linear.out_features, bias=has_bias, weight_only=weight_only, device=w.device,
                     dtype=linear.bias.dtype if has_bias else torch.float32)
-        packed, sf, wscale2 = _quantize_weight(w if w.dtype in _OUT_DTYPES else w.float(), method, hessian)
+        packed, sf, wscale2 = _quantize_weight(w if w.dtype in _OUT_DTYPES else w.float(), method, hessian,
+                                               global_scale)
         layer.weight.copy_(packed)
         layer.weight_scale.copy_(sf.reshape(-1))
         layer.weight_scale_2.copy_(wscale2.reshape(1))
@@ -393,6 +401,7 @@ def quantize_model(
     method: str = "rtn",
     progress: bool = True,
     quantize_tied: bool = False,
+    fuse: bool = True,
 ) -> nn.Module:
     """Replaces, in place, every nn.Linear of `model` that the kernels accept (K % 32 == 0, N % 8 == 0) and
     that filter(qualified_name, module) accepts (default: all) by NVFP4Linear.from_linear. Returns model.
@@ -420,6 +429,16 @@ def quantize_model(
         embeddings) is left float by default: swapping it would keep the float tensor for the other owner
         and add an NVFP4 copy, so the model would grow. True swaps it anyway; the tie is broken (the other
         owner keeps the float weight) and the model grows by the NVFP4 copy.
+    fuse: the q/k/v and gate/up layers of Llama-, Mistral-, Qwen2- and Qwen3-family blocks (transformers)
+        run as one NVFP4 GEMM per group (nvfp4_gemm.fused; the parts stay in place, state_dict and
+        save_pretrained are unchanged). This changes the numerics: the parts of a group whose every N is a
+        multiple of 128 are quantized with ONE per-tensor weight scale, from the group's largest finite |w|
+        (ModelOpt's export does the same), instead of each with its own; other groups keep their own scales
+        and stay unfused. fuse=False keeps every layer's own scale and GEMM.
+
+    Memory: each float weight is freed as soon as its NVFP4 layer is in place (when nothing else holds it),
+    so the peak is the float model plus one layer's NVFP4 copy and quantization work space (gptq: plus one
+    block's Hessians).
     """
     _check_method(method)
     if method == "gptq" and calibrate is None:
@@ -434,7 +453,7 @@ def quantize_model(
             print(msg, file=sys.stderr)
 
     tied = _tied_weights(model)
-    targets = []
+    targets = []  # qualified names only: a list of the modules would keep every float weight alive to the end
     for name, mod in model.named_modules():
         if not (type(mod) is nn.Linear and shape_supported(mod.in_features, mod.out_features) is None
                 and (filter is None or filter(name, mod))):
@@ -444,7 +463,19 @@ def quantize_model(
             say(f"quantize_model: {name} left in float: its weight is tied to {', '.join(others)} "
                 f"(quantize_tied=True quantizes it and breaks the tie)")
             continue
-        targets.append((name, mod))
+        targets.append(name)
+    del mod
+    in_features = {name: model.get_submodule(name).in_features for name in targets}
+
+    # Fusable q/k/v and gate/up groups share one per-tensor weight scale, from the group's largest finite |w|
+    # (ModelOpt's export does the same): one GEMM has one alpha.
+    fused_groups = _fused_module().fusable_groups(
+        model, set(targets), lambda m: shape_supported(m.in_features, m.out_features) is None) if fuse else []
+    group_of = {name: group for group in fused_groups for name in group}
+    shared_gs = {}
+    for group in fused_groups:
+        amax = torch.stack([finite_amax(model.get_submodule(n).weight) for n in group]).amax()
+        shared_gs.update({n: global_encode_scale(amax) for n in group})
 
     bar = None
     if progress and len(targets) >= _PROGRESS_MIN_LAYERS:
@@ -455,18 +486,31 @@ def quantize_model(
         if tqdm is not None:
             bar = tqdm(total=len(targets), desc="quantize_model", unit="layer")
 
-    def swap(name: str, mod: nn.Linear, amax, hessian) -> None:
+    def group_amax(name: str, amax: dict):
+        """A fused group's parts see the same input; their static scale is the max over the group (the parts
+        the calibration missed keep dynamic scales, and the group then stays unfused)."""
+        group = group_of.get(name)
+        if group is None or name not in amax:
+            return amax.get(name)
+        return torch.stack([amax[n] for n in group if n in amax]).amax()
+
+    def swap(name: str, amax, hessian) -> None:
+        # The float module is looked up here and dropped on return: its weight is freed as soon as the
+        # NVFP4 layer is in its place (peak: the float model plus one layer's NVFP4 copy and work space).
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, NVFP4Linear.from_linear(mod, input_amax=amax, weight_only=weight_only,
-                                                      method=method, hessian=hessian))
+        setattr(parent, attr, NVFP4Linear.from_linear(getattr(parent, attr), input_amax=amax, weight_only=weight_only,
+                                                      method=method, hessian=hessian, global_scale=shared_gs.get(name)))
         if bar is not None:
             bar.update(1)
+
+    def pairs(names):
+        return [(n, model.get_submodule(n)) for n in names]
 
     static = calibrate is not None and not weight_only
 
     def warn_unseen(seen: set[str]) -> None:
-        unseen = [name for name, _ in targets if name not in seen]
+        unseen = [name for name in targets if name not in seen]
         if unseen:
             what = "; ".join(w for w in (
                 "their input scales stay dynamic" if static else "",
@@ -478,35 +522,55 @@ def quantize_model(
     try:
         if method == "gptq":
             accumulator = _methods_module().HessianAccumulator
-            for group in _gptq_groups(targets):
+            blocks = [[n for n, _ in g] for g in _gptq_groups([(n, _InFeatures(in_features[n])) for n in targets])]
+            for group in blocks:
                 if bar is not None:
-                    last = f" .. {group[-1][0]}" if len(group) > 1 else ""
-                    bar.set_postfix_str(f"gptq: {group[0][0]}{last}")
-                hessians = {name: accumulator(mod.in_features, mod.weight.device) for name, mod in group}
-                amax, seen = _calibrate(model, group, calibrate, static, hessians)
-                unseen = [name for name, _ in group if name not in seen]
+                    last = f" .. {group[-1]}" if len(group) > 1 else ""
+                    bar.set_postfix_str(f"gptq: {group[0]}{last}")
+                hessians = {name: accumulator(in_features[name], model.get_submodule(name).weight.device)
+                            for name in group}
+                amax, seen = _calibrate(model, pairs(group), calibrate, static, hessians)
+                unseen = [name for name in group if name not in seen]
                 if unseen:
                     raise ValueError(f"quantize_model: calibrate(model) never ran {unseen}: GPTQ needs each "
                                      f"layer's inputs (leave such layers out with filter=)")
-                for name, mod in group:
-                    swap(name, mod, amax.get(name), hessians.pop(name).hessian())
+                for name in group:
+                    swap(name, group_amax(name, amax), hessians.pop(name).hessian())
         elif method == "mse" and calibrate is not None:
             # One calibrate pass gives every layer's diag(H) (K values each): mse then weighs each column's
             # squared error by the mean square of its input (methods.quantize_weight).
             accumulator = _methods_module().HessianAccumulator
-            diags = {name: accumulator(mod.in_features, mod.weight.device, diagonal=True) for name, mod in targets}
-            amax, seen = _calibrate(model, targets, calibrate, static, diags)
+            diags = {name: accumulator(in_features[name], model.get_submodule(name).weight.device, diagonal=True)
+                     for name in targets}
+            amax, seen = _calibrate(model, pairs(targets), calibrate, static, diags)
             warn_unseen(seen)
-            for name, mod in targets:
-                swap(name, mod, amax.get(name), diags.pop(name).hessian() if name in seen else None)
+            for name in targets:
+                swap(name, group_amax(name, amax), diags.pop(name).hessian() if name in seen else None)
         else:
             amax = {}
             if static:
-                amax, seen = _calibrate(model, targets, calibrate, True, None)
+                amax, seen = _calibrate(model, pairs(targets), calibrate, True, None)
                 warn_unseen(seen)
-            for name, mod in targets:
-                swap(name, mod, amax.get(name), None)
+            for name in targets:
+                swap(name, group_amax(name, amax), None)
     finally:
         if bar is not None:
             bar.close()
+    for group in fused_groups:
+        parent_name = group[0].rpartition(".")[0]
+        _fused_module().fuse_group(model.get_submodule(parent_name) if parent_name else model,
+                                   tuple(n.rpartition(".")[2] for n in group), parent_name)
     return model
+
+
+class _InFeatures:
+    """What _gptq_groups reads of a layer (its in_features), without holding the layer."""
+
+    def __init__(self, in_features: int) -> None:
+        self.in_features = in_features
+
+
+def _fused_module():
+    from . import fused  # fused imports this module
+
+    return fused

@@ -1,0 +1,391 @@
+"""Fused projections: the q/k/v and gate/up layers of a transformers decoder block run as ONE NVFP4 GEMM each.
+
+    nvfp4_gemm.fuse_projections(model)      # quantize_model and from_pretrained do this by default (fuse=True)
+    nvfp4_gemm.unfuse_projections(model)    # back to one NVFP4Linear (and one GEMM) per projection
+
+Why: transformers keeps q, k, v, gate and up as separate Linear layers, so a decode step pays 7 GEMM
+launches per block, most of them small and latency-bound (k and v of an 8B Llama are 1024 x 4096). Engines
+concatenate each group's weights along N and run one GEMM.
+
+Storage. A fused group's packed weights [sum N, K/2], blocked e4m3 scales and biases are concatenated once;
+each part (`model.layers[i].self_attn.q_proj`, ...) stays in its place as a `FusedNVFP4Linear` (an
+NVFP4Linear) whose `weight`, `weight_scale` and `bias` buffers are views of the fused tensors: state_dict keys
+and values, save_pretrained's output and every part's own forward are those of the unfused layers, and the
+model holds no second copy. The blocked scales concatenate exactly when every part's N is a multiple of 128
+(a part is then whole 128-row blocks of the fused layout); other groups (SmolLM2's 192-row k/v) stay unfused.
+The per-tensor scales are not concatenated: one GEMM has one alpha, so a group fuses only when its parts'
+weight_scale_2 (and static input_scale) are equal, as ModelOpt's and llm-compressor's exports make them
+(and quantize_model with fuse=True). A group whose parts differ stays unfused (exact), logged at debug level.
+
+Execution. transformers calls the projections one by one inside its own attention and MLP forwards
+(`self.q_proj(hidden_states)`, `self.k_proj(hidden_states)`, ...), so nothing outside the parts changes:
+the group's first part (q_proj, gate_proj) runs the fused GEMM on its input x, returns its own slice and
+leaves the other slices in the group's slot, keyed on x itself (identity and, in eager mode, x's version
+counter, so an in-place change of x in between is a miss). A later part called with that same x takes its
+slice (once) and the slot empties when every slice has been taken; a part called with anything else, or
+with nothing left in the slot, runs its own GEMM on its own views: a miss costs time, never correctness.
+Under torch.compile the same Python runs at trace time (dynamo cannot read version counters, so the key is
+x's identity in the traced program) and the compiled graph holds one fused GEMM; inference-mode tensors have
+no version counter either. Identity alone is enough for the families fused by default: their attention and
+MLP forwards never modify the projections' input in place. The whole group takes the unfused path for a call while any part has a
+forward (pre-)hook, or a global module forward hook is registered, so hooks on a part see exactly what an
+unfused layer would give them. Hooks on the parent (the attention / MLP module) need nothing: the parts
+still receive whatever the parent's forward hands them. A group becomes unfused (permanently, until
+fuse_projections is called again) when a part's buffer is replaced (`set_input_amax`, assignment) or,
+in eager mode, when a part's per-tensor scale is changed in place; load_state_dict re-checks the group.
+
+Numerics. The fused GEMM computes every output element from the same operands as the part's own GEMM
+(dynamic W4A4: the amax of x is the same for every part), so results are bit for bit the unfused ones on
+the CPU; on CUDA a different N can select a different kernel configuration (fp32 accumulation order).
+What changes numerics is the SHARED per-tensor weight scale that quantize_model gives a fusable group
+(from the group's largest |w|, as ModelOpt's export does): k and v are then quantized with q's group
+scale rather than their own (fuse=False keeps each layer's own scale).
+
+Limits: one thread per model at a time (a concurrent forward just misses the slot); an exception between the
+first part and the last leaves the slot holding x and the untaken slices until the group's next call.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module
+
+from .nn import NVFP4Linear
+from .ops import _LINEAR_OP
+
+log = logging.getLogger(__name__)
+
+# The groups, first part first (the part whose call runs the fused GEMM: transformers calls it first).
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# Decoder families whose attention and MLP call the parts of a group on the same tensor, in GROUPS order
+# (read in transformers 5.x: Llama, Mistral, Qwen2 and Qwen3 attention and MLP forwards).
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+_FAMILY_MODULE = re.compile(r"transformers\.models\.(%s)\.modeling_" % "|".join(FAMILIES))
+# A part's N must be whole 128-row blocks of the blocked scale layout for the scales to concatenate.
+_ROW_BLOCK = 128
+_VIEWS = ("weight", "weight_scale", "bias")
+_SCALARS = ("weight_scale_2", "input_scale")
+
+
+def supported_parent(module: nn.Module) -> bool:
+    """True for the attention and MLP modules of the families whose forwards fusion was checked against."""
+    return _FAMILY_MODULE.match(type(module).__module__ or "") is not None
+
+
+def _hooked(parts) -> bool:
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    for p in parts:
+        if p._forward_hooks or p._forward_pre_hooks:
+            return True
+    return False
+
+
+def _shares_storage(view: torch.Tensor, base: torch.Tensor) -> bool:
+    # (not view._base: views made under torch.inference_mode have none)
+    return view.device == base.device and view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+class _Group:
+    """The fused tensors of one group and the slot that hands the later parts their slices. Not a Module:
+    nothing here appears in state_dict or named_modules; the parts move it along in _apply."""
+
+    def __init__(self, parts: list[NVFP4Linear]) -> None:
+        self.parts = parts
+        self.sizes = [p.out_features for p in parts]
+        self.weight = torch.cat([p.weight for p in parts])
+        self.weight_scale = torch.cat([p.weight_scale.reshape(-1) for p in parts])
+        self.bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+        self.valid = False
+        self.versions: tuple = ()
+        self.views: list[dict] = []
+        self.slot = None
+
+    # -- the parts' views of the fused tensors
+
+    def view(self, i: int, name: str) -> torch.Tensor | None:
+        start = sum(self.sizes[:i])
+        n = self.sizes[i]
+        if name == "weight":
+            return self.weight[start:start + n]
+        if name == "bias":
+            return None if self.bias is None else self.bias[start:start + n]
+        per_row = self.weight_scale.numel() // sum(self.sizes)  # round_up(K/16, 4) bytes per row
+        return self.weight_scale[start * per_row:(start + n) * per_row]
+
+    def attach(self) -> None:
+        """Points every part's weight / weight_scale / bias at its view of the fused tensors."""
+        self.views = []
+        for i, p in enumerate(self.parts):
+            views = {name: self.view(i, name) for name in _VIEWS}
+            for name, v in views.items():
+                p._buffers[name] = v
+            self.views.append(views)
+
+    def scalar_versions(self) -> tuple:
+        # (inference-mode tensors, made under torch.inference_mode, have no version counter)
+        return tuple(None if t.is_inference() else t._version
+                     for p in self.parts for t in (p._buffers.get(n) for n in _SCALARS) if t is not None)
+
+    def why_invalid(self) -> str | None:
+        """None if the fused GEMM computes exactly what the parts compute, else why not (syncs the host)."""
+        lead = self.parts[0]
+        for i, p in enumerate(self.parts):
+            for name in _VIEWS:
+                v, base = self.views[i][name], getattr(self, name)
+                if p._buffers.get(name) is not v or (v is not None and not _shares_storage(v, base)):
+                    return f"{name} of part {i} is not a view of the fused tensors"
+            if p.weight_only != lead.weight_only:
+                return "the parts mix weight-only and W4A4 modes"
+            for name in _SCALARS:
+                a, b = lead._buffers.get(name), p._buffers.get(name)
+                if (a is None) != (b is None):
+                    return f"only some parts have {name}"
+                if a is not None and (a.device != self.weight.device or b.device != a.device
+                                      or not torch.equal(a.reshape(-1).float(), b.reshape(-1).float())):
+                    return f"the parts' {name} differ ({a.reshape(-1).tolist()} vs {b.reshape(-1).tolist()})"
+        return None
+
+    def validate(self, where: str = "") -> bool:
+        why = self.why_invalid()
+        self.valid = why is None
+        self.versions = self.scalar_versions() if self.valid else ()
+        self.slot = None
+        if why:
+            log.debug("fused projections %s: running unfused: %s", where or self.sizes, why)
+        return self.valid
+
+    def invalidate(self, why: str) -> None:
+        if self.valid:
+            log.debug("fused projections %s: running unfused from now on: %s", self.sizes, why)
+        self.valid = False
+        self.slot = None
+
+    def usable(self) -> bool:
+        if not self.valid or _hooked(self.parts):
+            return False
+        if torch.compiler.is_compiling():
+            return True
+        if self.scalar_versions() != self.versions:  # a per-tensor scale was changed in place
+            self.invalidate("a part's per-tensor scale was changed in place")
+            return False
+        return True
+
+    # -- device moves and casts
+
+    def apply(self, fn) -> None:
+        """fn on the fused tensors: device moves only for the packed weight and scales (their dtypes are the
+        format), fn itself for the bias. Idempotent for .to / .cuda / .half ...: the second part's call
+        finds the tensors already moved."""
+        for name in ("weight", "weight_scale"):
+            t = getattr(self, name)
+            probe = fn(t.new_empty(0))
+            setattr(self, name, fn(t) if probe.dtype == t.dtype else t.to(probe.device))
+        if self.bias is not None:
+            self.bias = fn(self.bias)
+
+
+class FusedNVFP4Linear(NVFP4Linear):
+    """One part of a fused group: an NVFP4Linear whose weight, weight_scale and bias are views of the group's
+    fused tensors (module docstring). Its own forward computes what an NVFP4Linear with the same buffers
+    computes, whichever path it takes."""
+
+    _group: _Group | None = None
+    _index: int = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self._group
+        if g is None or not g.usable():
+            return super().forward(x)
+        # An inference-mode tensor has no version counter, and dynamo cannot read one: identity alone then.
+        version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
+        if self._index == 0:
+            lead = self
+            y = _LINEAR_OP(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"], lead._buffers["input_scale"],
+                           g.bias, lead.weight_only)
+            outs = list(y.split(g.sizes, dim=-1))
+            g.slot = (x, version, outs)
+            mine, outs[0] = outs[0], None
+            return mine
+        slot = g.slot
+        if slot is not None and slot[0] is x and slot[1] == version:
+            outs = slot[2]
+            mine, outs[self._index] = outs[self._index], None
+            if all(o is None for o in outs):
+                g.slot = None
+            if mine is not None:
+                return mine
+        return super().forward(x)
+
+    def __setattr__(self, name, value):
+        g = self.__dict__.get("_group")
+        if g is not None and name in _VIEWS + _SCALARS:
+            g.invalidate(f"{name} of a part was assigned")
+        super().__setattr__(name, value)
+
+    def _apply(self, fn, recurse=True):
+        g = self._group
+        if g is None or not g.views:
+            return super()._apply(fn, recurse)
+        mine = g.views[self._index]
+        attached = [n for n in _VIEWS if mine[n] is not None and self._buffers.get(n) is mine[n]]
+        for name in attached:  # NVFP4Linear._apply would move each view on its own: a copy per part
+            self._buffers[name] = None
+        try:
+            super()._apply(fn, recurse)  # the per-tensor scales
+        finally:
+            for name in attached:
+                self._buffers[name] = mine[name]
+        g.apply(fn)  # the first part to get here moves the fused tensors; the others find them moved
+        for name in attached:
+            mine[name] = self._buffers[name] = g.view(self._index, name)
+        g.validate()  # valid again once every part points into the moved tensors
+        return self
+
+
+def _after_load(module: FusedNVFP4Linear, incompatible_keys) -> None:
+    # load_state_dict copies into the views (the fused tensors follow) and into each part's scalars: the
+    # parts may no longer agree.
+    if module._group is not None:
+        module._group.validate()
+
+
+def _why_not(parts: list[nn.Module]) -> str | None:
+    """None if these modules can form one fused group (before comparing their per-tensor scales)."""
+    lead = parts[0]
+    for p in parts:
+        if type(p) not in (NVFP4Linear, FusedNVFP4Linear):
+            return f"{type(p).__name__} is not an NVFP4Linear"
+        if _hooked([p]):
+            return "a part has forward hooks (fusing would replace the module they are registered on)"
+        if p.out_features % _ROW_BLOCK:
+            return f"out_features {p.out_features} is not a multiple of {_ROW_BLOCK}"
+        if p.in_features != lead.in_features:
+            return "the parts have different in_features"
+        if (p.bias is None) != (lead.bias is None) or (p.bias is not None and p.bias.dtype != lead.bias.dtype):
+            return "the parts' biases differ in presence or dtype"
+        for name in ("weight", "weight_scale", "bias", *_SCALARS):
+            if name in p._parameters:
+                return f"{name} is a Parameter"
+        if p.weight.device != lead.weight.device or p.weight.dtype != lead.weight.dtype:
+            return "the parts' weights differ in device or dtype"
+    return None
+
+
+def _group_members(parent: nn.Module) -> list[tuple[str, ...]]:
+    return [names for names in GROUPS if all(isinstance(getattr(parent, n, None), nn.Module) for n in names)]
+
+
+def fuse_group(parent: nn.Module, names: tuple[str, ...], where: str = "") -> bool:
+    """Fuses parent.<names> (NVFP4Linear layers) into one group if they qualify; True if it did. The parts
+    are replaced by FusedNVFP4Linear modules holding views of the concatenated tensors."""
+    parts = [getattr(parent, n) for n in names]
+    why = _why_not(parts)
+    if why is None:
+        g0 = getattr(parts[0], "_group", None)
+        if g0 is not None and g0.valid and [getattr(p, "_group", None) for p in parts] == [g0] * len(parts):
+            return True  # already fused and in order
+        lead = parts[0]
+        for p in parts[1:]:
+            if p.weight_only != lead.weight_only:
+                why = "the parts mix weight-only and W4A4 modes"
+            for name in _SCALARS:
+                a, b = lead._buffers.get(name), p._buffers.get(name)
+                if (a is None) != (b is None):
+                    why = f"only some parts have {name}"
+                elif a is not None and not torch.equal(a.reshape(-1).float().cpu(), b.reshape(-1).float().cpu()):
+                    why = (f"the parts' {name} differ ({a.reshape(-1).tolist()} vs {b.reshape(-1).tolist()}): one GEMM "
+                           f"has one alpha (a per-part alpha in the epilogue would fuse them)")
+    if why is not None:
+        log.debug("fuse_projections: %s%s stay unfused: %s", f"{where}." if where else "", "/".join(names), why)
+        return False
+    group = _Group(parts)
+    new_parts = []
+    for i, p in enumerate(parts):
+        q = FusedNVFP4Linear(p.in_features, p.out_features, bias=p.bias is not None,
+                             static_input_scale=p.input_scale is not None, weight_only=p.weight_only, device="meta")
+        for name in _SCALARS:
+            q._buffers[name] = p._buffers.get(name)
+        q.train(p.training)
+        object.__setattr__(q, "_group", group)
+        object.__setattr__(q, "_index", i)
+        q.register_load_state_dict_post_hook(_after_load)
+        new_parts.append(q)
+    group.parts = new_parts
+    group.attach()
+    for n, q in zip(names, new_parts):
+        nn.Module.__setattr__(parent, n, q)
+    return group.validate(where)
+
+
+def _plain(p: FusedNVFP4Linear) -> NVFP4Linear:
+    q = NVFP4Linear(p.in_features, p.out_features, bias=p.bias is not None,
+                    static_input_scale=p.input_scale is not None, weight_only=p.weight_only, device="meta")
+    for name in _VIEWS + _SCALARS:
+        t = p._buffers.get(name)
+        q._buffers[name] = None if t is None else (t.clone() if name in _VIEWS else t)
+    q.train(p.training)
+    return q
+
+
+def fuse_projections(model: nn.Module, *, any_family: bool = False) -> int:
+    """Fuses, in place, every q/k/v and gate/up group of NVFP4Linear layers that qualifies (module
+    docstring): the attention and MLP modules of the Llama, Mistral, Qwen2 and Qwen3 families of
+    transformers (any module with such children with any_family=True: fusion is exact wherever the parts
+    are called with the same tensor, and costs a wasted GEMM where they are not). Groups already fused are
+    re-checked, and re-fused if they had become unfused. Returns the number of fused groups. Groups left
+    unfused, and why, are logged at debug level (logger nvfp4_gemm.fused)."""
+    count = 0
+    for name, mod in list(model.named_modules()):
+        if not (any_family or supported_parent(mod)):
+            continue
+        for names in _group_members(mod):
+            parts = [getattr(mod, n) for n in names]
+            if any(isinstance(p, FusedNVFP4Linear) for p in parts):
+                g = parts[0]._group if isinstance(parts[0], FusedNVFP4Linear) else None
+                if g is not None and g.parts == parts and g.validate(name):
+                    count += 1
+                    continue
+                for n, p in zip(names, parts):
+                    if isinstance(p, FusedNVFP4Linear):
+                        nn.Module.__setattr__(mod, n, _plain(p))
+            count += fuse_group(mod, names, name)
+    return count
+
+
+def unfuse_projections(model: nn.Module) -> int:
+    """Replaces every FusedNVFP4Linear by a plain NVFP4Linear with its own (contiguous) copies of its tensors:
+    one GEMM per projection again, numerics unchanged. Returns the number of layers replaced."""
+    count = 0
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, FusedNVFP4Linear):
+                nn.Module.__setattr__(mod, child_name, _plain(child))
+                count += 1
+    return count
+
+
+def fusable_groups(model: nn.Module, names: set[str], shape_ok) -> list[list[str]]:
+    """quantize_model's plan: the groups of `names` (qualified names of nn.Linear layers about to be
+    quantized) under a supported parent whose shapes fuse (shape_ok(linear) and N % 128 == 0, the same K,
+    biases all present or all absent), as lists of qualified names, first part first."""
+    out = []
+    for pname, mod in model.named_modules():
+        if not supported_parent(mod):
+            continue
+        for group in _group_members(mod):
+            full = [f"{pname}.{n}" if pname else n for n in group]
+            lins = [getattr(mod, n) for n in group]
+            if not all(f in names for f in full) or not all(type(m) is nn.Linear and shape_ok(m) for m in lins):
+                continue
+            if any(m.out_features % _ROW_BLOCK for m in lins) or len({m.in_features for m in lins}) != 1:
+                log.debug("quantize_model: %s keep their own weight scales (not fusable: shapes %s)", full,
+                          [tuple(m.weight.shape) for m in lins])
+                continue
+            if len({m.bias is None for m in lins}) != 1:
+                continue
+            out.append(full)
+    return out

@@ -1,0 +1,388 @@
+"""Fused projections (nvfp4_gemm.fused): tiny transformers Llama / Qwen2 / Qwen3 / Mistral models built from
+configs, quantized with fusion, give bit for bit the logits of the same NVFP4 weights run unfused (eager and
+under torch.compile) while running one GEMM per q/k/v and gate/up group; hooks on the parts, state_dict,
+save_pretrained, from_pretrained, device casts and the cases that must stay unfused. Also quantize_model's
+shared group scale and that it frees each float weight as soon as its NVFP4 layer is installed."""
+from __future__ import annotations
+
+import copy
+import filecmp
+import gc
+import logging
+import os
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import nvfp4_gemm
+from nvfp4_gemm import NVFP4Linear, fuse_projections, quantize_model, unfuse_projections
+from nvfp4_gemm import fused as fused_mod
+from nvfp4_gemm import nn as nn_mod
+from nvfp4_gemm.fused import FusedNVFP4Linear
+from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+
+transformers = pytest.importorskip("transformers")
+
+MODES = ("weight_only", "dynamic", "static")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+VOCAB, HIDDEN, LAYERS = 256, 128, 2
+
+
+def tiny_config(family: str, *, kv_heads: int = 4, head_dim: int = 32):
+    """8 query heads of 32 (q: N = 256), kv_heads of head_dim (k, v: N = kv_heads * head_dim), MLP 256."""
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS,
+                  num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=head_dim,
+                  max_position_embeddings=64, tie_word_embeddings=False)
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "mistral": transformers.MistralConfig}[family]
+    cfg = cls(**common)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def tiny_model(family: str, seed: int = 0, **kw) -> nn.Module:
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **kw), dtype=torch.float32).eval()
+    with torch.no_grad():  # weights of std 0.02 leave activations tiny: spread them so W4A4 rounds something
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, p.shape[1] ** -0.5)
+    if family == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q/k/v carry biases
+    return model
+
+
+def token_ids(seed: int = 1, batch: int = 2, length: int = 7) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def quantized_pair(family: str, mode: str, **kw):
+    """(fused model, the same NVFP4 tensors unfused): quantize_model with fuse=True, then a deep copy with
+    unfuse_projections, so that the two differ only in how the projections run."""
+    model = tiny_model(family, **kw)
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(model, weight_only=mode == "weight_only", progress=False,
+                   calibrate=(lambda m: m(calib)) if mode == "static" else None)
+    plain = copy.deepcopy(model)
+    unfuse_projections(plain)
+    assert not any(isinstance(m, FusedNVFP4Linear) for m in plain.modules())
+    return model, plain
+
+
+class CountGemms:
+    """Counts nvfp4_gemm.linear calls of the fused groups and of the plain layers (both bind the op once)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = nn_mod._LINEAR_OP
+
+        def counted(*args):
+            self.calls += 1
+            return real(*args)
+
+        monkeypatch.setattr(nn_mod, "_LINEAR_OP", counted)
+        monkeypatch.setattr(fused_mod, "_LINEAR_OP", counted)
+
+
+def logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+# Per decoder layer: qkv, o, gate_up, down fused; q, k, v, o, gate, up, down unfused; plus lm_head.
+FUSED_GEMMS, UNFUSED_GEMMS = LAYERS * 4 + 1, LAYERS * 7 + 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
+    model, plain = quantized_pair(family, mode)
+    fused_parts = [m for m in model.modules() if isinstance(m, FusedNVFP4Linear)]
+    assert len(fused_parts) == LAYERS * 5
+    ids = token_ids()
+    count = CountGemms(monkeypatch)
+    want = logits(plain, ids)
+    assert count.calls == UNFUSED_GEMMS
+    count.calls = 0
+    got = logits(model, ids)
+    assert count.calls == FUSED_GEMMS
+    assert torch.isfinite(want).all()
+    assert torch.equal(got, want)
+    # Nothing stays in a slot after the forward (no tensor is kept across forwards).
+    assert all(p._group.slot is None for p in fused_parts)
+
+
+def test_quantize_model_shares_group_scale_only_when_fusing():
+    model = tiny_model("llama")
+    ref = copy.deepcopy(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    amax = {n: finite_amax(getattr(attn, n).weight) for n in ("q_proj", "k_proj", "v_proj")}
+    assert len({float(a) for a in amax.values()}) == 3  # distinct: sharing is visible
+    quantize_model(model, progress=False)
+    group_scale = 1.0 / global_encode_scale(torch.stack(list(amax.values())).amax())
+    for n in ("q_proj", "k_proj", "v_proj"):
+        assert torch.equal(getattr(attn, n).weight_scale_2, group_scale)
+    assert torch.equal(mlp.gate_proj.weight_scale_2, mlp.up_proj.weight_scale_2)
+    # fuse=False: each layer's own scale, as NVFP4Linear.from_linear gives it, and no fused module.
+    quantize_model(ref, progress=False, fuse=False)
+    assert not any(isinstance(m, FusedNVFP4Linear) for m in ref.modules())
+    for n in ("q_proj", "k_proj", "v_proj"):
+        own = NVFP4Linear.from_linear(getattr(tiny_model("llama").model.layers[0].self_attn, n))
+        got = getattr(ref.model.layers[0].self_attn, n)
+        assert torch.equal(got.weight_scale_2, own.weight_scale_2) and torch.equal(got.weight, own.weight)
+
+
+@pytest.mark.parametrize("method", ("mse", "gptq"))
+def test_methods_take_the_group_scale(method):
+    model = tiny_model("llama")
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(model, method=method, weight_only=True, calibrate=lambda m: m(calib), progress=False)
+    attn = model.model.layers[1].self_attn
+    assert isinstance(attn.k_proj, FusedNVFP4Linear)
+    assert torch.equal(attn.q_proj.weight_scale_2, attn.k_proj.weight_scale_2)
+    assert torch.equal(attn.q_proj.weight_scale_2, attn.v_proj.weight_scale_2)
+    ids = token_ids()
+    plain = copy.deepcopy(model)
+    unfuse_projections(plain)
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+
+
+@pytest.mark.parametrize("family", ("llama", "qwen3"))
+def test_fused_under_torch_compile(family):
+    """fullgraph compile: the traced program holds one GEMM per group (counted in the FX graph dynamo hands
+    its backend) and inductor's logits equal the unfused model's, compiled the same way."""
+    model, plain = quantized_pair(family, "dynamic")
+    ids = token_ids()
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and "nvfp4_gemm.linear" in str(n.target)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=counting_backend, fullgraph=True)(ids, use_cache=False)
+        torch.compile(plain, backend=counting_backend, fullgraph=True)(ids, use_cache=False)
+    assert graphs == [FUSED_GEMMS, UNFUSED_GEMMS]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+        want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
+    torch._dynamo.reset()
+    assert torch.equal(got, want)
+    assert torch.equal(got, logits(plain, ids))
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
+def test_hooks_on_parts_see_unfused_values(monkeypatch):
+    model, plain = quantized_pair("llama", "dynamic")
+    ids = token_ids()
+    seen = {}
+
+    def record(tag):
+        def hook(mod, args, out):
+            seen.setdefault(tag, []).append(out.clone())
+        return hook
+
+    def double_input(mod, args):
+        return (args[0] * 2,)
+
+    for tag, m in (("fused", model), ("plain", plain)):
+        attn = m.model.layers[0].self_attn
+        attn.k_proj.register_forward_hook(record(tag))
+        attn.v_proj.register_forward_pre_hook(double_input)
+    count = CountGemms(monkeypatch)
+    want = logits(plain, ids)
+    count.calls = 0
+    got = logits(model, ids)
+    # layer 0's attention runs unfused (its parts have hooks), everything else fused
+    assert count.calls == FUSED_GEMMS + 2
+    assert torch.equal(got, want)
+    assert len(seen["fused"]) == 1 and torch.equal(seen["fused"][0], seen["plain"][0])
+    # A global forward hook sends every group down the unfused path for as long as it is registered.
+    calls = []
+    handle = nn.modules.module.register_module_forward_hook(lambda mod, args, out: calls.append(type(mod).__name__))
+    try:
+        count.calls = 0
+        assert torch.equal(logits(model, ids), want)
+        assert count.calls == UNFUSED_GEMMS and calls.count("FusedNVFP4Linear") == LAYERS * 5
+    finally:
+        handle.remove()
+    count.calls = 0
+    logits(model, ids)
+    assert count.calls == FUSED_GEMMS + 2
+
+
+def test_inference_mode(monkeypatch):
+    """Tensors made under torch.inference_mode have no version counter: quantizing and running there works,
+    fused."""
+    model = tiny_model("qwen3")
+    ids = token_ids()
+    with torch.inference_mode():
+        quantize_model(model, progress=False)
+        plain = copy.deepcopy(model)
+        unfuse_projections(plain)
+        count = CountGemms(monkeypatch)
+        want = plain(ids, use_cache=False).logits
+        count.calls = 0
+        got = model(ids, use_cache=False).logits
+    assert count.calls == FUSED_GEMMS
+    assert torch.equal(got, want)
+
+
+def test_slot_misses_fall_back_exactly():
+    model, plain = quantized_pair("llama", "dynamic")
+    attn, ref = model.model.layers[0].self_attn, plain.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(3)
+    x, other = torch.randn(2, 5, HIDDEN, generator=g), torch.randn(2, 5, HIDDEN, generator=g)
+    with torch.no_grad():
+        assert torch.equal(attn.q_proj(x), ref.q_proj(x))
+        assert torch.equal(attn.k_proj(other), ref.k_proj(other))   # another tensor: its own GEMM
+        x.mul_(3)                                                     # x changed in place after q's GEMM
+        assert torch.equal(attn.v_proj(x), ref.v_proj(x))
+        assert attn.q_proj._group.slot is None or attn.q_proj._group.slot[0] is x
+        # Parts called alone, in any order, twice: always their own values.
+        for name in ("v_proj", "k_proj", "k_proj", "q_proj", "q_proj", "v_proj", "k_proj"):
+            assert torch.equal(getattr(attn, name)(other), getattr(ref, name)(other)), name
+
+
+def test_state_dict_and_save_pretrained_unchanged(tmp_path):
+    model, plain = quantized_pair("qwen2", "static")
+    sd, ref = model.state_dict(), plain.state_dict()
+    assert list(sd) == list(ref)
+    for k in sd:
+        assert sd[k].dtype == ref[k].dtype and torch.equal(sd[k], ref[k]), k
+    part = model.model.layers[0].self_attn.k_proj
+    assert part.weight.untyped_storage().data_ptr() == part._group.weight.data_ptr()  # a view: no copy
+    for fmt in ("modelopt", "compressed-tensors"):
+        a, b = tmp_path / f"fused-{fmt}", tmp_path / f"plain-{fmt}"
+        nvfp4_gemm.save_pretrained(model, a, format=fmt, progress=False)
+        nvfp4_gemm.save_pretrained(plain, b, format=fmt, progress=False)
+        names = sorted(os.listdir(a))
+        assert names == sorted(os.listdir(b)) and "model.safetensors" in names
+        for n in names:
+            assert filecmp.cmp(a / n, b / n, shallow=False), n
+    # load_state_dict into a fused model goes through the views into the fused tensors
+    fresh, _ = quantized_pair("qwen2", "static")
+    fresh.load_state_dict(plain.state_dict())
+    ids = token_ids()
+    assert torch.equal(logits(fresh, ids), logits(plain, ids))
+
+
+def test_from_pretrained_fuses_shared_scales_only(tmp_path, caplog):
+    model, plain = quantized_pair("llama", "weight_only")
+    nvfp4_gemm.save_pretrained(model, tmp_path / "shared", progress=False)
+    loaded = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False)
+    assert sum(isinstance(m, FusedNVFP4Linear) for m in loaded.modules()) == LAYERS * 5
+    ids = token_ids()
+    assert torch.equal(logits(loaded, ids), logits(plain, ids))
+    unfused = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False, fuse=False)
+    assert not any(isinstance(m, FusedNVFP4Linear) for m in unfused.modules())
+
+    # A checkpoint whose parts have their own scales (quantize_model(fuse=False)) loads unfused (exact),
+    # and says why at debug level.
+    own = tiny_model("llama")
+    quantize_model(own, weight_only=True, fuse=False, progress=False)
+    with pytest.warns(UserWarning, match="different per-tensor scales"):
+        nvfp4_gemm.save_pretrained(own, tmp_path / "own", progress=False)
+    with caplog.at_level(logging.DEBUG, logger="nvfp4_gemm.fused"):
+        loaded = nvfp4_gemm.from_pretrained(tmp_path / "own", progress=False)
+    assert not any(isinstance(m, FusedNVFP4Linear) for m in loaded.modules())
+    assert "weight_scale_2 differ" in caplog.text and "k_proj" in caplog.text
+    assert torch.equal(logits(loaded, ids), logits(own, ids))
+
+
+def test_unfusable_shapes_keep_their_own_scales():
+    """k/v of 192 rows (SmolLM2's) are not whole 128-row scale blocks: q/k/v stay unfused with per-layer
+    scales, gate/up still fuse."""
+    model = tiny_model("llama", kv_heads=3, head_dim=64)  # q: 8 x 64 = 512, k / v: 3 x 64 = 192
+    ref = copy.deepcopy(model)
+    quantize_model(model, progress=False)
+    quantize_model(ref, progress=False, fuse=False)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert type(attn.k_proj) is NVFP4Linear and type(attn.q_proj) is NVFP4Linear
+    assert isinstance(mlp.up_proj, FusedNVFP4Linear)
+    for n in ("q_proj", "k_proj", "v_proj"):
+        assert torch.equal(getattr(attn, n).weight_scale_2, getattr(ref.model.layers[0].self_attn, n).weight_scale_2)
+
+
+def test_changed_scales_unfuse_until_refused(caplog):
+    model, plain = quantized_pair("mistral", "static")
+    ids = token_ids()
+    attn = model.model.layers[1].self_attn
+    g = attn.q_proj._group
+    assert g.valid
+    with caplog.at_level(logging.DEBUG, logger="nvfp4_gemm.fused"):
+        attn.k_proj.set_input_amax(4.0)          # a new tensor: the group cannot share one scale any more
+    assert not g.valid and "input_scale" in caplog.text
+    plain.model.layers[1].self_attn.k_proj.set_input_amax(4.0)
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    assert fuse_projections(model) == 2 * LAYERS - 1     # that group's scales now differ: it stays unfused
+    assert type(attn.k_proj) is NVFP4Linear
+    for name in ("q_proj", "v_proj"):
+        getattr(attn, name).set_input_amax(4.0)
+        getattr(plain.model.layers[1].self_attn, name).set_input_amax(4.0)
+    assert fuse_projections(model) == 2 * LAYERS
+    assert isinstance(model.model.layers[1].self_attn.k_proj, FusedNVFP4Linear)
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    # An in-place change of a part's scale (eager) is caught by its version counter.
+    model.model.layers[1].mlp.up_proj.weight_scale_2.mul_(2)
+    plain.model.layers[1].mlp.up_proj.weight_scale_2.mul_(2)
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    assert not model.model.layers[1].mlp.up_proj._group.valid
+
+
+def test_casts_keep_views_and_fusion():
+    model, plain = quantized_pair("qwen2", "weight_only")
+    model.to(torch.bfloat16)
+    plain.to(torch.bfloat16)
+    attn = model.model.layers[0].self_attn
+    g = attn.q_proj._group
+    assert g.valid and g.bias.dtype == torch.bfloat16 and g.weight.dtype == torch.uint8
+    for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert p.weight._base is g.weight and p.bias._base is g.bias and p.weight_scale._base is g.weight_scale
+    ids = token_ids()
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_device_move_keeps_views_and_fusion():
+    model, plain = quantized_pair("llama", "dynamic")
+    model.cuda()
+    g = model.model.layers[0].self_attn.q_proj._group
+    assert g.valid and g.weight.is_cuda
+    assert model.model.layers[0].self_attn.v_proj.weight._base is g.weight
+    ids = token_ids()
+    got = logits(model, ids.cuda())
+    unfuse_projections(model)
+    assert torch.equal(got, logits(model, ids.cuda()))
+
+
+@pytest.mark.parametrize("method, mode", [("rtn", "dynamic"), ("rtn", "static"), ("mse", "weight_only"),
+                                          ("gptq", "weight_only")])
+def test_quantize_model_frees_each_float_weight_once_installed(method, mode, monkeypatch):
+    """Each layer's float weight must be gone (no reference left anywhere) when the next layer is quantized:
+    the peak is then the float model plus one layer's work, not two models."""
+    model = tiny_model("llama")
+    calib = token_ids(seed=5, batch=1, length=16)
+    refs = {name: weakref.ref(mod.weight) for name, mod in model.named_modules() if type(mod) is nn.Linear}
+    order = []
+    real = NVFP4Linear.from_linear.__func__
+
+    def checked(cls, linear, **kw):
+        alive = [n for n in order if refs[n]() is not None]
+        assert not alive, f"float weights still referenced while quantizing another layer: {alive}"
+        order.append(next(n for n, r in refs.items() if r() is linear.weight))
+        return real(cls, linear, **kw)
+
+    monkeypatch.setattr(NVFP4Linear, "from_linear", classmethod(checked))
+    gc.disable()  # refcounting alone must free them (no cycle holds a float weight)
+    try:
+        quantize_model(model, method=method, weight_only=mode == "weight_only", progress=False,
+                       calibrate=(lambda m: m(calib)) if (mode == "static" or method != "rtn") else None)
+    finally:
+        gc.enable()
+    assert sorted(order) == sorted(refs)
+    assert all(r() is None for r in refs.values())
