@@ -306,3 +306,69 @@ def test_bench_train_smoke(tmp_path):
     check_verdict(mem["value"], 0.35, mem["verdict"])
     check_verdict(step["value"], 1.15, step["verdict"])
     assert f"| base-weight memory vs bf16 | {mem['value']:.3f}x | <= 0.35x | {mem['verdict']} |" in proc.stdout
+
+
+def test_bench_generate_smoke(tmp_path):
+    """benchmarks/bench_generate.py --smoke: a tiny Llama through every variant on the CPU; the JSON's ratios and
+    verdicts recomputed here, fused variants running 4 NVFP4 GEMMs per layer and unfused 7 with bit-identical
+    logits, humming reported missing, the memory figures present."""
+    out = tmp_path / "generate.json"
+    proc = run_script("bench_generate.py", "--smoke", "--json", str(out))
+    assert_ran(proc)
+    data = json.loads(out.read_text())
+    check_meta(data["meta"])
+    layers, batches = data["meta"]["layers"], data["meta"]["batch"]
+    assert batches == [1, 2]
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == ["fp16", "wo", "wo_unfused", "humming", "static", "static_unfused", "dynamic",
+                          "dynamic_unfused"]
+    assert "CUDA" in rows["humming"]["missing"]
+    fp16 = rows["fp16"]
+    for v, r in rows.items():
+        if v == "humming":
+            continue
+        assert "error" not in r, r
+        for b in batches:
+            assert r[f"step_ms_b{b}"] > 0 and r[f"finite_b{b}"]
+            assert math.isclose(r[f"speedup_b{b}"], fp16[f"step_ms_b{b}"] / r[f"step_ms_b{b}"], rel_tol=1e-9)
+        assert math.isclose(r["prefill_ratio"], r["prefill_ms"] / fp16["prefill_ms"], rel_tol=1e-9)
+        assert r["generate_tok_s"] > 0
+        calls = r["profile"]["nvfp4_linear_calls"]
+        assert calls == (0 if v == "fp16" else layers * (4 if not v.endswith("_unfused") else 7)), (v, calls)
+        assert r["profile"]["classes"]["gemm"]["count"] >= calls + 1  # + the float lm_head
+        assert r["profile"]["classes"]["attention"]["count"] >= layers
+        if v != "fp16":
+            assert 0 < r["rel_err_vs_fp16_b1"] < 1, (v, r["rel_err_vs_fp16_b1"])
+            assert r["fused_parts"] == (layers * 5 if not v.endswith("_unfused") else 0)
+            assert r["nvfp4_model_bytes"] < r["float_model_bytes"]
+        if v.endswith("_unfused"):
+            assert all(r[f"bit_identical_to_fused_b{b}"] for b in batches), r
+    targets = data["targets"]
+    assert {(t["variant"], t["key"]) for t in targets} >= {("wo", "speedup_b1"), ("dynamic", "speedup_b16"),
+                                                           ("wo", "over_humming_b1"), ("dynamic", "prefill_ratio")}
+    for t in targets:
+        x = rows.get(t["variant"], {}).get(t["key"])
+        assert t["value"] == x
+        if x is None:
+            assert t["verdict"] == "n/a"
+        else:
+            ok = {">=": x >= t["limit"], "<=": x <= t["limit"], ">": x > t["limit"]}[t["op"]]
+            assert t["verdict"] == ("PASS" if ok else "MISS"), t
+    assert all(t["verdict"] == "n/a" for t in targets if "humming" in t["key"])  # no humming time on the CPU
+    text = proc.stdout
+    assert data["report"] in text
+    assert "| variant | step b1 ms (fp16 / it) | step b2 ms (fp16 / it) |" in text
+    assert "Unfused logits bit-identical to fused (same NVFP4 tensors): wo_unfused b1: yes" in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--smoke", "--variants", "fp8"], ["--variants", "dynamic_unfused"]),
+    (["--smoke", "--batch", "0"], ["--batch", "positive"]),
+    (["--smoke", "--layers", "0"], ["--layers", "positive"]),
+    (["--smoke", "--context", "100000"], ["--context", "positions"]),
+])
+def test_bench_generate_bad_arguments(args, words):
+    with pytest.raises(SystemExit) as e:
+        bench_module("bench_generate").main(args)
+    for w in words:
+        assert w in str(e.value), str(e.value)
