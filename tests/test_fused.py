@@ -355,9 +355,12 @@ def test_device_move_keeps_views_and_fusion():
     assert g.valid and g.weight.is_cuda
     assert model.model.layers[0].self_attn.v_proj.weight._base is g.weight
     ids = token_ids()
-    got = logits(model, ids.cuda())
+    got = logits(model, ids.cuda()).cpu()
     unfuse_projections(model)
-    assert torch.equal(got, logits(model, ids.cuda()))
+    want = logits(model, ids.cuda()).cpu()
+    # The same operands; the fused N may pick another kernel configuration (fp32 accumulation order), so on
+    # CUDA the logits agree to rounding, not necessarily bit for bit (bench_generate reports which).
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("method, mode", [("rtn", "dynamic"), ("rtn", "static"), ("mse", "weight_only"),
