@@ -28,8 +28,9 @@ Variants (the same random weights, seeded, for every variant; one model alive at
   static, static_unfused     W4A4 with input scales calibrated on one 256-token forward
   dynamic, dynamic_unfused   W4A4, input scales per call
 lm_head stays fp16 in every variant (as in NVFP4 checkpoints). Memory, per NVFP4 family: the float model's
-bytes, the NVFP4 model's bytes, and the peak from building the float model through quantize_model, checked
-against the float model plus four times the largest float Linear (one layer's quantization work space).
+bytes, the NVFP4 model's bytes, and the peak during quantize_model (torch.cuda.max_memory_allocated, the float
+model resident), checked against what was allocated before it (the float model) plus four times the largest
+float Linear (one layer's quantization work space): quantize_model must free each float weight as it goes.
 
 --smoke runs all of it on the CPU with a 2-layer, 128-wide Llama: no compile, no graphs, wall clock; the
 figures mean nothing (tests/test_bench_smoke.py runs it).
@@ -135,8 +136,8 @@ def build_model(config_kw: dict, layers: int, device: torch.device, dtype: torch
 
     cfg = transformers.LlamaConfig(**{**config_kw, "num_hidden_layers": layers})
     cfg._attn_implementation = "sdpa"
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    with torch.device(device):  # made in `dtype` directly: an fp32 8B model would not leave room for much else
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -332,6 +333,9 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
     fused = sum(isinstance(m, nvfp4_gemm.fused.FusedNVFP4Linear) for m in model.modules())
     rec["linear_modules"] = gemm_layers
     rec["fused_parts"] = fused
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     for b in args.batch:
         step = decode_step(model, forward, b, args, timer)
         logits = step.pop("logits")
@@ -352,6 +356,9 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
         if variant == "fp16":
             baseline[("fp16", b)] = logits
         print(f"    {variant} batch {b}: {step['ms']:.3f} ms", flush=True)
+    if args.compile != "none":  # a graph break splits the step into several compiled graphs
+        rec["dynamo_graph_breaks"] = sum(counters["graph_break"].values())
+        rec["dynamo_unique_graphs"] = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     del forward
     if args.prefill:
@@ -371,14 +378,15 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
     rows = []
     free_memory(device)
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
     mem = {}
     t0 = time.perf_counter()
     model = build_model(config_kw, args.layers, device, torch.float16 if cuda else torch.float32, seed=1)
     mem["float_model_bytes"] = model_bytes(model)
     mem["largest_linear_bytes"] = largest_linear_bytes(model)
+    if cuda:  # the peak of quantize_model itself, the float model resident (as for a user quantizing in place)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        mem["allocated_before_quantize_bytes"] = torch.cuda.memory_allocated(device)
     if mode is not None:
         calib = token_ids(1, min(CALIB_TOKENS, args.context), model.config.vocab_size, 15, device)
         nvfp4_gemm.quantize_model(model, weight_only=mode == "weight_only", progress=False,
@@ -387,8 +395,8 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
         mem["nvfp4_model_bytes"] = model_bytes(model)
         if cuda:
             torch.cuda.synchronize()
-            mem["quantize_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
-            mem["quantize_peak_limit_bytes"] = (mem["float_model_bytes"]
+            mem["quantize_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+            mem["quantize_peak_limit_bytes"] = (mem["allocated_before_quantize_bytes"]
                                                 + WORK_SPACE_LAYERS * mem["largest_linear_bytes"])
     mem["build_s"] = time.perf_counter() - t0
     print(f"  {mode or 'fp16'}: model built in {mem['build_s']:.1f} s; {json.dumps(mem)}", flush=True)
@@ -502,6 +510,10 @@ def report(meta: dict, rows: list[dict], targets: list[dict], batches: list[int]
             for r in rows for b in batches if f"bit_identical_to_fused_b{b}" in r]
     if bits:
         lines += ["", "Unfused logits bit-identical to fused (same NVFP4 tensors): " + "; ".join(bits)]
+    breaks = [f"{r['variant']} {r['dynamo_graph_breaks']} ({r['dynamo_unique_graphs']} graphs)" for r in rows
+              if "dynamo_graph_breaks" in r]
+    if breaks:
+        lines += ["", "torch.compile graph breaks in the decode step: " + "; ".join(breaks)]
     profs = [(r["variant"], r["profile"]) for r in rows if r.get("profile")]
     if profs:
         lines += ["", f"Where one step's time goes (batch {batches[0]}, {profs[0][1]['unit']}, largest entries):"]
@@ -591,7 +603,8 @@ def main(argv=None) -> int:
                 config={**config_kw, "num_hidden_layers": args.layers},
                 step_timing=(f"torch.compile {args.compile} (no inductor CUDA graphs), one step captured in a CUDA "
                              f"graph by hand, median of {args.replays} replays" if timer.cuda else
-                             f"eager, CPU wall clock, median of {args.replays} (--smoke)"))
+                             f"{'eager' if args.compile == 'none' else 'torch.compile ' + args.compile}, CPU wall "
+                             f"clock, median of {args.replays}"))
     print(f"bench_generate on {meta['device']}, commit {meta['commit']}: {meta['step_timing']}", flush=True)
 
     rows, baseline = [], {}
