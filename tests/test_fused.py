@@ -389,3 +389,28 @@ def test_quantize_model_frees_each_float_weight_once_installed(method, mode, mon
         gc.enable()
     assert sorted(order) == sorted(refs)
     assert all(r() is None for r in refs.values())
+
+
+def test_quantize_weight_global_scale_option():
+    """methods.quantize_weight(global_scale=): the given per-tensor ENCODE scale replaces the weight's own in
+    every method (what a fused group's parts share); bad values are refused."""
+    from nvfp4_gemm.methods import quantize_weight
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 128, generator=g)
+    gs = global_encode_scale(finite_amax(w) * 3)  # a group whose largest |w| is 3x this part's
+    packed, sf = nvfp4_gemm.quantize(w, gs)
+    got = quantize_weight(w, "rtn", global_scale=gs)
+    assert torch.equal(got[0], packed) and torch.equal(got[1].view(torch.uint8), sf.view(torch.uint8))
+    assert torch.equal(got[2], 1.0 / gs)
+    own = quantize_weight(w, "rtn")
+    assert not torch.equal(own[2], got[2])
+    h = torch.rand(128, generator=g) + 0.1
+    for method, kw in (("mse", {}), ("mse", {"hessian": h}),
+                       ("gptq", {"hessian": torch.eye(128) + 0.01 * torch.ones(128, 128)})):
+        _, _, ws2 = quantize_weight(w, method, global_scale=gs, **kw)
+        assert torch.equal(ws2, 1.0 / gs), method
+    with pytest.raises(ValueError, match="global_scale must be a one-element tensor"):
+        quantize_weight(w, "rtn", global_scale=torch.ones(2))
+    with pytest.raises(ValueError, match="global_candidates must be 1"):
+        quantize_weight(w, "mse", global_scale=gs, global_candidates=4)
