@@ -100,7 +100,8 @@ class _Group:
         self.weight_scale = torch.cat([p.weight_scale.reshape(-1) for p in parts])
         self.bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
         self.valid = False
-        self.versions: tuple = ()
+        self.tracked: list[torch.Tensor] = []  # the parts' per-tensor scales and their versions when validated
+        self.versions: list[int] = []
         self.views: list[dict] = []
         self.slot = None
 
@@ -125,10 +126,10 @@ class _Group:
                 p._buffers[name] = v
             self.views.append(views)
 
-    def scalar_versions(self) -> tuple:
-        # (inference-mode tensors, made under torch.inference_mode, have no version counter)
-        return tuple(None if t.is_inference() else t._version
-                     for p in self.parts for t in (p._buffers.get(n) for n in _SCALARS) if t is not None)
+    def tracked_scalars(self) -> list[torch.Tensor]:
+        # (inference-mode tensors, made under torch.inference_mode, have no version counter to watch)
+        return [t for p in self.parts for t in (p._buffers.get(n) for n in _SCALARS)
+                if t is not None and not t.is_inference()]
 
     def why_invalid(self) -> str | None:
         """None if the fused GEMM computes exactly what the parts compute, else why not (syncs the host)."""
@@ -152,7 +153,8 @@ class _Group:
     def validate(self, where: str = "") -> bool:
         why = self.why_invalid()
         self.valid = why is None
-        self.versions = self.scalar_versions() if self.valid else ()
+        self.tracked = self.tracked_scalars() if self.valid else []
+        self.versions = [t._version for t in self.tracked]
         self.slot = None
         if why:
             log.debug("fused projections %s: running unfused: %s", where or self.sizes, why)
@@ -169,9 +171,11 @@ class _Group:
             return False
         if torch.compiler.is_compiling():
             return True
-        if self.scalar_versions() != self.versions:  # a per-tensor scale was changed in place
-            self.invalidate("a part's per-tensor scale was changed in place")
-            return False
+        # (assigning a new scale tensor to a part invalidates the group in FusedNVFP4Linear.__setattr__)
+        for t, v in zip(self.tracked, self.versions):
+            if t._version != v:
+                self.invalidate("a part's per-tensor scale was changed in place")
+                return False
         return True
 
     # -- device moves and casts
@@ -198,11 +202,16 @@ class FusedNVFP4Linear(NVFP4Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self._group
-        if g is None or not g.usable():
+        if g is None or not g.valid:
             return super().forward(x)
         # An inference-mode tensor has no version counter, and dynamo cannot read one: identity alone then.
         version = None if torch.compiler.is_compiling() or x.is_inference() else x._version
         if self._index == 0:
+            # The whole group's checks run here, once per call of the group: a later part only takes what
+            # this call left for the same x (hooks on any part send this call down the unfused path).
+            if not g.usable():
+                g.slot = None
+                return super().forward(x)
             lead = self
             y = _LINEAR_OP(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"], lead._buffers["input_scale"],
                            g.bias, lead.weight_only)
