@@ -363,6 +363,30 @@ def test_device_move_keeps_views_and_fusion():
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_graph_capture_of_a_fused_model(mode):
+    """The fused model's forward captured in a CUDA graph (as bench_generate does) replays the eager logits."""
+    model, _ = quantized_pair("llama", mode)
+    model.half().cuda()
+    ids = token_ids().cuda()
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(ids, use_cache=False).logits
+        out.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
 @pytest.mark.parametrize("method, mode", [("rtn", "dynamic"), ("rtn", "static"), ("mse", "weight_only"),
                                           ("gptq", "weight_only")])
 def test_quantize_model_frees_each_float_weight_once_installed(method, mode, monkeypatch):
