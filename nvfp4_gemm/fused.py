@@ -8,31 +8,33 @@ launches per block, most of them small and latency-bound (k and v of an 8B Llama
 concatenate each group's weights along N and run one GEMM.
 
 Storage. A fused group's packed weights [sum N, K/2], blocked e4m3 scales and biases are concatenated once;
-each part (`model.layers[i].self_attn.q_proj`, ...) stays in its place as a `FusedNVFP4Linear` (an
-NVFP4Linear) whose `weight`, `weight_scale` and `bias` buffers are views of the fused tensors: state_dict keys
-and values, save_pretrained's output and every part's own forward are those of the unfused layers, and the
-model holds no second copy. The blocked scales concatenate exactly when every part's N is a multiple of 128
-(a part is then whole 128-row blocks of the fused layout); other groups (SmolLM2's 192-row k/v) stay unfused.
-The per-tensor scales are not concatenated: one GEMM has one alpha, so a group fuses only when its parts'
-weight_scale_2 (and static input_scale) are equal, as ModelOpt's and llm-compressor's exports make them
-(and quantize_model with fuse=True). A group whose parts differ stays unfused (exact), logged at debug level.
+each part (`model.layers[i].self_attn.q_proj`, ...) stays the same module object in its place (its hooks and
+every reference to it too), its class changed in place to `FusedNVFP4Linear` (an NVFP4Linear subclass that
+adds methods only), and its `weight`, `weight_scale` and `bias` buffers become views of the fused tensors:
+state_dict keys and values, save_pretrained's output and every part's own forward are those of the unfused
+layers, and the model holds no second copy. The blocked scales concatenate exactly when every part's N is a
+multiple of 128 (a part is then whole 128-row blocks of the fused layout); other groups (SmolLM2's 192-row
+k/v) stay unfused. The per-tensor scales are not concatenated: one GEMM has one alpha, so a group fuses only
+when its parts' weight_scale_2 (and static input_scale) are equal, as ModelOpt's and llm-compressor's exports
+make them (and quantize_model with fuse=True). A group whose parts differ stays unfused (exact), logged at
+debug level.
 
 Execution. transformers calls the projections one by one inside its own attention and MLP forwards
-(`self.q_proj(hidden_states)`, `self.k_proj(hidden_states)`, ...), so nothing outside the parts changes:
-the group's first part (q_proj, gate_proj) runs the fused GEMM on its input x, returns its own slice and
-leaves the other slices in the group's slot, keyed on x itself (identity and, in eager mode, x's version
-counter, so an in-place change of x in between is a miss). A later part called with that same x takes its
-slice (once) and the slot empties when every slice has been taken; a part called with anything else, or
-with nothing left in the slot, runs its own GEMM on its own views: a miss costs time, never correctness.
-Under torch.compile the same Python runs at trace time (dynamo cannot read version counters, so the key is
-x's identity in the traced program) and the compiled graph holds one fused GEMM; inference-mode tensors have
-no version counter either. Identity alone is enough for the families fused by default: their attention and
-MLP forwards never modify the projections' input in place. The whole group takes the unfused path for a call while any part has a
-forward (pre-)hook, or a global module forward hook is registered, so hooks on a part see exactly what an
-unfused layer would give them. Hooks on the parent (the attention / MLP module) need nothing: the parts
-still receive whatever the parent's forward hands them. A group becomes unfused (permanently, until
-fuse_projections is called again) when a part's buffer is replaced (`set_input_amax`, assignment) or,
-in eager mode, when a part's per-tensor scale is changed in place; load_state_dict re-checks the group.
+(`self.q_proj(hidden_states)`, `self.k_proj(hidden_states)`, ...), so nothing outside the parts changes: the
+group's first part (q_proj, gate_proj) runs the fused GEMM on its input x, returns its own slice and leaves
+the other slices in the group's slot, keyed on x itself (identity and, in eager mode, x's version counter, so
+an in-place change of x in between is a miss). A later part called with that same x takes its slice (once) and
+the slot empties when every slice has been taken; a part called with anything else, or with nothing left in
+the slot, runs its own GEMM on its own views: a miss costs time, never correctness. Under torch.compile the
+same Python runs at trace time (dynamo cannot read version counters, so the key is x's identity in the traced
+program) and the compiled graph holds one fused GEMM; inference-mode tensors have no version counter either.
+Identity alone is enough for the families fused by default: their attention and MLP forwards never modify the
+projections' input in place. The whole group takes the unfused path for a call while any part has a forward
+(pre-)hook, or a global module forward hook is registered, so hooks on a part see exactly what an unfused
+layer would give them. Hooks on the parent (the attention / MLP module) need nothing: the parts still receive
+whatever the parent's forward hands them. A group becomes unfused (permanently, until fuse_projections is
+called again) when a part's buffer is replaced (`set_input_amax`, assignment) or, in eager mode, when a part's
+per-tensor scale is changed in place; load_state_dict re-checks the group.
 
 Numerics. The fused GEMM computes every output element from the same operands as the part's own GEMM
 (dynamic W4A4: the amax of x is the same for every part), so results are bit for bit the unfused ones on
@@ -268,8 +270,6 @@ def _why_not(parts: list[nn.Module]) -> str | None:
     for p in parts:
         if type(p) not in (NVFP4Linear, FusedNVFP4Linear):
             return f"{type(p).__name__} is not an NVFP4Linear"
-        if _hooked([p]):
-            return "a part has forward hooks (fusing would replace the module they are registered on)"
         if p.out_features % _ROW_BLOCK:
             return f"out_features {p.out_features} is not a multiple of {_ROW_BLOCK}"
         if p.in_features != lead.in_features:
@@ -289,8 +289,9 @@ def _group_members(parent: nn.Module) -> list[tuple[str, ...]]:
 
 
 def fuse_group(parent: nn.Module, names: tuple[str, ...], where: str = "") -> bool:
-    """Fuses parent.<names> (NVFP4Linear layers) into one group if they qualify; True if it did. The parts
-    are replaced by FusedNVFP4Linear modules holding views of the concatenated tensors."""
+    """Fuses parent.<names> (NVFP4Linear layers) into one group if they qualify; True if it did. Each part
+    stays the same module object (its hooks, its place, references to it), now a FusedNVFP4Linear whose
+    weight, weight_scale and bias are views of the concatenated tensors."""
     parts = [getattr(parent, n) for n in names]
     why = _why_not(parts)
     if why is None:
@@ -311,33 +312,35 @@ def fuse_group(parent: nn.Module, names: tuple[str, ...], where: str = "") -> bo
     if why is not None:
         log.debug("fuse_projections: %s%s stay unfused: %s", f"{where}." if where else "", "/".join(names), why)
         return False
+    for p in parts:
+        if isinstance(p, FusedNVFP4Linear):
+            _unfuse_part(p)
     group = _Group(parts)
-    new_parts = []
     for i, p in enumerate(parts):
-        q = FusedNVFP4Linear(p.in_features, p.out_features, bias=p.bias is not None,
-                             static_input_scale=p.input_scale is not None, weight_only=p.weight_only, device="meta")
-        for name in _SCALARS:
-            q._buffers[name] = p._buffers.get(name)
-        q.train(p.training)
-        object.__setattr__(q, "_group", group)
-        object.__setattr__(q, "_index", i)
-        q.register_load_state_dict_post_hook(_after_load)
-        new_parts.append(q)
-    group.parts = new_parts
-    group.attach()
-    for n, q in zip(names, new_parts):
-        nn.Module.__setattr__(parent, n, q)
+        # The class changes in place (a subclass adding methods only): the module keeps its identity, hooks
+        # and place, so nothing that refers to model.layers[i].self_attn.k_proj has to know.
+        p.__class__ = FusedNVFP4Linear
+        object.__setattr__(p, "_group", group)
+        object.__setattr__(p, "_index", i)
+        p.register_load_state_dict_post_hook(_after_load)
+    group.attach()  # the parts' own tensors are dropped here: the fused copies replace them
     return group.validate(where)
 
 
-def _plain(p: FusedNVFP4Linear) -> NVFP4Linear:
-    q = NVFP4Linear(p.in_features, p.out_features, bias=p.bias is not None,
-                    static_input_scale=p.input_scale is not None, weight_only=p.weight_only, device="meta")
-    for name in _VIEWS + _SCALARS:
+def _unfuse_part(p: FusedNVFP4Linear) -> None:
+    """Back to a plain NVFP4Linear, in place, with its own contiguous copies of its tensors."""
+    g = p.__dict__.pop("_group", None)
+    if g is not None:
+        g.invalidate("a part was unfused")
+    for name in _VIEWS:
         t = p._buffers.get(name)
-        q._buffers[name] = None if t is None else (t.clone() if name in _VIEWS else t)
-    q.train(p.training)
-    return q
+        if t is not None:
+            p._buffers[name] = t.clone()
+    hooks = p._load_state_dict_post_hooks  # (not a stored handle: a deep copy's would point at the original)
+    for key in [k for k, h in hooks.items() if h is _after_load]:
+        del hooks[key]
+    p.__dict__.pop("_index", None)
+    p.__class__ = NVFP4Linear
 
 
 def fuse_projections(model: nn.Module, *, any_family: bool = False) -> int:
@@ -353,28 +356,25 @@ def fuse_projections(model: nn.Module, *, any_family: bool = False) -> int:
             continue
         for names in _group_members(mod):
             parts = [getattr(mod, n) for n in names]
-            if any(isinstance(p, FusedNVFP4Linear) for p in parts):
-                g = parts[0]._group if isinstance(parts[0], FusedNVFP4Linear) else None
-                if g is not None and g.parts == parts and g.validate(name):
-                    count += 1
-                    continue
-                for n, p in zip(names, parts):
-                    if isinstance(p, FusedNVFP4Linear):
-                        nn.Module.__setattr__(mod, n, _plain(p))
+            g = getattr(parts[0], "_group", None)
+            if g is not None and g.parts == parts and g.validate(name):
+                count += 1
+                continue
+            for p in parts:  # an invalid group, or parts of other groups: checked afresh
+                if isinstance(p, FusedNVFP4Linear):
+                    _unfuse_part(p)
             count += fuse_group(mod, names, name)
     return count
 
 
 def unfuse_projections(model: nn.Module) -> int:
-    """Replaces every FusedNVFP4Linear by a plain NVFP4Linear with its own (contiguous) copies of its tensors:
-    one GEMM per projection again, numerics unchanged. Returns the number of layers replaced."""
-    count = 0
-    for name, mod in list(model.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            if isinstance(child, FusedNVFP4Linear):
-                nn.Module.__setattr__(mod, child_name, _plain(child))
-                count += 1
-    return count
+    """Turns every FusedNVFP4Linear back into a plain NVFP4Linear (in place: same module objects and hooks)
+    with its own contiguous copies of its tensors: one GEMM per projection again, numerics unchanged.
+    Returns the number of layers changed."""
+    parts = [m for m in model.modules() if isinstance(m, FusedNVFP4Linear)]
+    for p in parts:
+        _unfuse_part(p)
+    return len(parts)
 
 
 def fusable_groups(model: nn.Module, names: set[str], shape_ok) -> list[list[str]]:

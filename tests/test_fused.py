@@ -232,6 +232,37 @@ def test_inference_mode(monkeypatch):
     assert torch.equal(got, want)
 
 
+def test_fusing_and_unfusing_keep_the_modules_and_their_hooks(monkeypatch):
+    """fuse_projections / unfuse_projections change the parts in place: the same module objects, with the hooks
+    registered before, which keep the group on the unfused path while they are there."""
+    model = tiny_model("llama")
+    quantize_model(model, progress=False)
+    plain = copy.deepcopy(model)
+    unfuse_projections(plain)
+    assert unfuse_projections(model) == LAYERS * 5
+    attn = model.model.layers[0].self_attn
+    k_proj, up_proj = attn.k_proj, model.model.layers[0].mlp.up_proj
+    assert type(k_proj) is NVFP4Linear
+    seen = []
+    handle = k_proj.register_forward_hook(lambda mod, args, out: seen.append(out.clone()))
+    assert fuse_projections(model) == LAYERS * 2
+    assert attn.k_proj is k_proj and model.model.layers[0].mlp.up_proj is up_proj
+    assert isinstance(k_proj, FusedNVFP4Linear) and k_proj._group.valid
+    ids = token_ids()
+    count = CountGemms(monkeypatch)
+    want = logits(plain, ids)
+    count.calls = 0
+    assert torch.equal(logits(model, ids), want)
+    assert count.calls == FUSED_GEMMS + 2 and len(seen) == 1
+    handle.remove()
+    count.calls = 0
+    assert torch.equal(logits(model, ids), want)
+    assert count.calls == FUSED_GEMMS
+    unfuse_projections(model)
+    assert attn.k_proj is k_proj and type(k_proj) is NVFP4Linear and not k_proj._load_state_dict_post_hooks
+    assert torch.equal(logits(model, ids), want)
+
+
 def test_slot_misses_fall_back_exactly():
     model, plain = quantized_pair("llama", "dynamic")
     attn, ref = model.model.layers[0].self_attn, plain.model.layers[0].self_attn
@@ -320,7 +351,7 @@ def test_changed_scales_unfuse_until_refused(caplog):
     plain.model.layers[1].self_attn.k_proj.set_input_amax(4.0)
     assert torch.equal(logits(model, ids), logits(plain, ids))
     assert fuse_projections(model) == 2 * LAYERS - 1     # that group's scales now differ: it stays unfused
-    assert type(attn.k_proj) is NVFP4Linear
+    assert type(attn.k_proj) is NVFP4Linear and type(attn.q_proj) is NVFP4Linear
     for name in ("q_proj", "v_proj"):
         getattr(attn, name).set_input_amax(4.0)
         getattr(plain.model.layers[1].self_attn, name).set_input_amax(4.0)
