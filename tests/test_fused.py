@@ -149,11 +149,13 @@ def test_methods_take_the_group_scale(method):
     assert torch.equal(logits(model, ids), logits(plain, ids))
 
 
-@pytest.mark.parametrize("family", ("llama", "qwen3"))
-def test_fused_under_torch_compile(family):
-    """fullgraph compile: the traced program holds one GEMM per group (counted in the FX graph dynamo hands
-    its backend) and inductor's logits equal the unfused model's, compiled the same way."""
-    model, plain = quantized_pair(family, "dynamic")
+@pytest.mark.parametrize("family, mode, inductor", [("llama", "dynamic", True), ("qwen2", "weight_only", True),
+                                                    ("mistral", "static", False), ("qwen3", "dynamic", False)])
+def test_fused_under_torch_compile(family, mode, inductor):
+    """fullgraph compile: the traced program holds one GEMM per group (counted in the FX graph dynamo hands its
+    backend, which then runs it op by op: the eager logits, bit for bit) and, with inductor (two of the
+    families: each compile takes ~10-20 s here), the logits equal the unfused model's compiled the same way."""
+    model, plain = quantized_pair(family, mode)
     ids = token_ids()
     graphs = []
 
@@ -161,18 +163,21 @@ def test_fused_under_torch_compile(family):
         graphs.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and "nvfp4_gemm.linear" in str(n.target)))
         return gm.forward
 
+    want = logits(plain, ids)
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(model, backend=counting_backend, fullgraph=True)(ids, use_cache=False)
+        got = torch.compile(model, backend=counting_backend, fullgraph=True)(ids, use_cache=False).logits
         torch.compile(plain, backend=counting_backend, fullgraph=True)(ids, use_cache=False)
     assert graphs == [FUSED_GEMMS, UNFUSED_GEMMS]
-    torch._dynamo.reset()
-    with torch.no_grad():
-        got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
-        want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
-    torch._dynamo.reset()
     assert torch.equal(got, want)
-    assert torch.equal(got, logits(plain, ids))
+    if inductor:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+            want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
+        # (not compared with eager's: inductor fuses the float ops around the GEMMs its own way)
+        assert torch.equal(got, want)
+    torch._dynamo.reset()
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
 
