@@ -371,11 +371,10 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
 
 
 def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock: Clock, baseline: dict,
-               config_kw: dict) -> list[dict]:
+               config_kw: dict, add_row) -> None:
     """Builds the float model, quantizes it for `mode` (measuring memory), then times each of `variants`
-    (fused first, then the same tensors unfused, then humming on them)."""
+    (fused first, then the same tensors unfused, then humming on them), handing each row to add_row."""
     device = timer.device
-    rows = []
     free_memory(device)
     cuda = device.type == "cuda"
     mem = {}
@@ -411,7 +410,7 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
             if v == "humming":
                 why = humming_reason(device)
                 if why:
-                    rows.append(dict(rec, missing=why))
+                    add_row(dict(rec, missing=why))
                     print(f"    humming: missing ({why})", flush=True)
                     continue
                 to_humming(model)
@@ -423,12 +422,11 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
         except Exception as e:  # one variant's failure must not lose the others' figures
             traceback.print_exc()
             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        rows.append(rec)
+        add_row(rec)
     del model
     _HUMMING.clear()
     gc.collect()
     free_memory(device)
-    return rows
 
 # ------------------------------------------------------------------------------------------ report
 
@@ -614,12 +612,15 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(dict(meta=meta, rows=rows, targets=evaluate_targets(rows), report=text), f, indent=1)
 
+    def add_row(rec: dict) -> None:  # the JSON is rewritten at once: a run cut off by a time limit keeps it
+        rows.append(rec)
+        add_ratios(rows, args.batch)
+        dump()
+
     families = [None] + [m for m in ("weight_only", "static", "dynamic") if any(MODE_OF.get(v) == m for v in variants)]
     for mode in families:
         vs = ["fp16"] if mode is None else [v for v in variants if MODE_OF.get(v) == mode]
-        rows += run_family(mode, vs, args, timer, clock, baseline, config_kw)
-        add_ratios(rows, args.batch)
-        dump()
+        run_family(mode, vs, args, timer, clock, baseline, config_kw, add_row)
     targets = evaluate_targets(rows)
     text = report(meta, rows, targets, args.batch)
     print()

@@ -2,8 +2,11 @@
 # The whole-model benchmark of record (issue 26) on an H100, in device calls of at most 10 minutes; the machine
 # keeps the build between calls. Logs and JSON under $OUT. From the repository root, wheels in .whl/:
 #   PART=build bash benchmarks/device_generate.sh   # build for sm_90a, tests/test_fused.py, the SiLU-mul probe
-#   PART=wo    bash benchmarks/device_generate.sh   # bench_generate: fp16, wo, wo_unfused, humming
-#   PART=w4a4  bash benchmarks/device_generate.sh   # bench_generate: fp16, dynamic, dynamic_unfused, static, static_unfused
+#   PART=wo      bash benchmarks/device_generate.sh   # bench_generate: fp16, wo, wo_unfused
+#   PART=humming bash benchmarks/device_generate.sh   # bench_generate: fp16, wo, humming
+#   PART=dynamic bash benchmarks/device_generate.sh   # bench_generate: fp16, dynamic, dynamic_unfused
+#   PART=static  bash benchmarks/device_generate.sh   # bench_generate: fp16, static, static_unfused
+# (each variant compiles the 32-layer model twice, batch 1 and 16: three variants per call fit 10 minutes)
 # LAYERS=8 (say) shortens a part that does not fit (every figure then covers 8 decoder layers).
 # transformers must be importable there; where it is not, carry its wheels with the others (the versions CI
 # installs), e.g. pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
@@ -27,7 +30,9 @@ case "${PART:-build}" in
     step "diagnostics/silu_mul.py"
     timeout 120 python3 benchmarks/diagnostics/silu_mul.py 2>&1 | tail -8
     ;;
-  wo) run_bench fp16,wo,wo_unfused,humming wo ;;
-  w4a4) run_bench fp16,dynamic,dynamic_unfused,static,static_unfused w4a4 ;;
-  *) echo "PART must be build, wo or w4a4, got '$PART'"; exit 2 ;;
+  wo) run_bench fp16,wo,wo_unfused wo ;;
+  humming) run_bench fp16,wo,humming humming ;;
+  dynamic) run_bench fp16,dynamic,dynamic_unfused dynamic ;;
+  static) run_bench fp16,static,static_unfused static ;;
+  *) echo "PART must be build, wo, humming, dynamic or static, got '$PART'"; exit 2 ;;
 esac

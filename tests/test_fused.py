@@ -330,6 +330,21 @@ def test_from_pretrained_fuses_shared_scales_only(tmp_path, caplog):
     assert torch.equal(logits(loaded, ids), logits(own, ids))
 
 
+def test_from_pretrained_quantize_on_load_fuses_after_calibration(tmp_path):
+    """quantize=True with calibrate: the group's shared static scales are set first, then the groups fuse."""
+    tiny_model("qwen2").save_pretrained(tmp_path / "float")
+    calib = token_ids(seed=5, batch=1, length=16)
+    model = nvfp4_gemm.from_pretrained(tmp_path / "float", quantize=True, calibrate=lambda m: m(calib),
+                                       progress=False)
+    attn = model.model.layers[1].self_attn
+    assert isinstance(attn.v_proj, FusedNVFP4Linear) and attn.v_proj._group.valid
+    assert attn.v_proj.input_scale is not None and torch.equal(attn.v_proj.input_scale, attn.q_proj.input_scale)
+    plain = copy.deepcopy(model)
+    unfuse_projections(plain)
+    ids = token_ids()
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+
+
 def test_unfusable_shapes_keep_their_own_scales():
     """k/v of 192 rows (SmolLM2's) are not whole 128-row scale blocks: q/k/v stay unfused with per-layer
     scales, gate/up still fuse."""
