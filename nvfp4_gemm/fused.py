@@ -143,6 +143,8 @@ class _Group:
                     return f"{name} of part {i} is not a view of the fused tensors"
             if p.weight_only != lead.weight_only:
                 return "the parts mix weight-only and W4A4 modes"
+            if getattr(p, "block_scales_only", False):
+                return "a part is per-block dynamic (block_scales_only)"
             for name in _SCALARS:
                 a, b = lead._buffers.get(name), p._buffers.get(name)
                 if (a is None) != (b is None):
@@ -233,7 +235,7 @@ class FusedNVFP4Linear(NVFP4Linear):
 
     def __setattr__(self, name, value):
         g = self.__dict__.get("_group")
-        if g is not None and name in _VIEWS + _SCALARS:
+        if g is not None and name in _VIEWS + _SCALARS + ("weight_only", "block_scales_only"):
             g.invalidate(f"{name} of a part was assigned")
         super().__setattr__(name, value)
 
@@ -272,6 +274,8 @@ def _why_not(parts: list[nn.Module]) -> str | None:
             return f"{type(p).__name__} is not an NVFP4Linear"
         if p.out_features % _ROW_BLOCK:
             return f"out_features {p.out_features} is not a multiple of {_ROW_BLOCK}"
+        if getattr(p, "block_scales_only", False):
+            return "per-block dynamic (block_scales_only) layers are not fused"
         if p.in_features != lead.in_features:
             return "the parts have different in_features"
         if (p.bias is None) != (lead.bias is None) or (p.bias is not None and p.bias.dtype != lead.bias.dtype):

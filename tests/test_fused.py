@@ -385,6 +385,22 @@ def test_changed_scales_unfuse_until_refused(caplog):
     assert not model.model.layers[1].mlp.up_proj._group.valid
 
 
+def test_per_block_dynamic_layers_stay_unfused():
+    """block_scales_only layers (compressed-tensors' dynamic: true) run quantize then mm: not fused, and a
+    fused group whose parts switch to it runs unfused."""
+    model, plain = quantized_pair("llama", "dynamic")
+    for m in (model, plain):
+        for p in m.modules():
+            if isinstance(p, NVFP4Linear) and hasattr(p, "block_scales_only"):
+                p.block_scales_only = True
+    if not hasattr(plain.model.layers[0].mlp.up_proj, "block_scales_only"):
+        pytest.skip("NVFP4Linear has no block_scales_only mode here")
+    assert not model.model.layers[0].mlp.up_proj._group.valid
+    ids = token_ids()
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    assert fuse_projections(model) == 0
+
+
 def test_casts_keep_views_and_fusion():
     model, plain = quantized_pair("qwen2", "weight_only")
     model.to(torch.bfloat16)
