@@ -56,7 +56,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from .nn import NVFP4Linear
-from .ops import _LINEAR_OP
+from .autograd import call_linear
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,9 @@ class FusedNVFP4Linear(NVFP4Linear):
                 g.slot = None
                 return super().forward(x)
             lead = self
-            y = _LINEAR_OP(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"], lead._buffers["input_scale"],
-                           g.bias, lead.weight_only)
+            # (call_linear: NVFP4Linear.forward's entry, autograd included)
+            y = call_linear(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"], lead._buffers["input_scale"],
+                            g.bias, lead.weight_only)
             outs = list(y.split(g.sizes, dim=-1))
             g.slot = (x, version, outs)
             mine, outs[0] = outs[0], None

@@ -72,18 +72,18 @@ def quantized_pair(family: str, mode: str, **kw):
 
 
 class CountGemms:
-    """Counts nvfp4_gemm.linear calls of the fused groups and of the plain layers (both bind the op once)."""
+    """Counts nvfp4_gemm.linear calls of the fused groups and of the plain layers (both go through call_linear)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = nn_mod._LINEAR_OP
+        real = nn_mod.call_linear
 
         def counted(*args):
             self.calls += 1
             return real(*args)
 
-        monkeypatch.setattr(nn_mod, "_LINEAR_OP", counted)
-        monkeypatch.setattr(fused_mod, "_LINEAR_OP", counted)
+        monkeypatch.setattr(nn_mod, "call_linear", counted)
+        monkeypatch.setattr(fused_mod, "call_linear", counted)
 
 
 def logits(model, ids) -> torch.Tensor:
