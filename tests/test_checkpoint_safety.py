@@ -539,7 +539,7 @@ def test_two_fresh_threads_load_at_once(ckpt):
     """In a fresh process (transformers not imported yet), two threads load at once while the main thread
     watches the default dtype: both loads succeed, and the default never changes."""
     script = textwrap.dedent(f"""
-        import sys, threading, torch
+        import sys, threading, time, torch
         import nvfp4_gemm
         errors, dtypes, done = [], set(), threading.Event()
         def run():
@@ -552,6 +552,7 @@ def test_two_fresh_threads_load_at_once(ckpt):
             t.start()
         while any(t.is_alive() for t in threads):
             dtypes.add(torch.get_default_dtype())
+            time.sleep(0.0005)  # a loop that never sleeps starves the loading threads of the GIL (300+ s in CI)
         print("errors", errors, "dtypes", sorted(map(str, dtypes)))
         sys.exit(1 if errors or dtypes != {{torch.float32}} else 0)
     """)
