@@ -7,10 +7,12 @@ With W the decoded weight (e2m1 * e4m3 block scale, exact) and alpha its per-ten
     dx    = round_to(x.dtype, alpha * (dy @ W))      fp32 accumulation, alpha applied in fp32, one rounding
     dbias = round_to(bias.dtype, sum of dy over every leading dim)   (summed in fp32)
 
-W is decoded from the layer's own buffers at each backward (transient, in row chunks: memory is bounded
-by one decoded copy of W in the GEMM's operand dtype plus a chunk's index), then one GEMM: on CUDA, W in
-dy's float16 / bfloat16 (exact) and `torch.mm(..., out_dtype=float32)`; elsewhere W in float32 and an fp32
-matmul. No host sync, CUDA-graph and torch.compile safe.
+W is decoded from the layer's own buffers at each backward by the registered op nvfp4_gemm::_decode (on
+CUDA the generic GEMM path's decode kernel: the packed bytes and scales read once, W written once; on the
+CPU the CPU backend's decoder), transient: memory is bounded by the one decoded copy of W in the GEMM's
+operand dtype, which the GEMM needs whole. Then one GEMM: on CUDA, W in dy's float16 / bfloat16 (exact) and
+`torch.mm(..., out_dtype=float32)`; elsewhere W in float32 and an fp32 matmul. No host sync, CUDA-graph and
+torch.compile safe (the op has a fake implementation).
 
 W4A4 (static or dynamic input scale): the forward quantizes x to NVFP4 before the GEMM; the backward
 passes the gradient straight through that quantization (the straight-through estimator: d x_q / d x is
@@ -34,7 +36,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .formats import SF_VEC, from_blocked
 
-# Values decoded per chunk: bounds the transient int32 index (2^24 values: 32 MiB).
+# The exact decode op (csrc), and the device types it runs on.
+_DECODE_OP = torch.ops.nvfp4_gemm._decode.default
+_DECODE_OP_DEVICES = ("cpu", "cuda", "meta")
+# decode_weight_torch: values decoded per chunk, bounding the transient int32 index (2^24 values: 32 MiB).
 _DECODE_CHUNK = 1 << 24
 _PAIR_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
@@ -73,8 +78,19 @@ def _pair_lut(device: torch.device, dtype: torch.dtype, like: torch.Tensor) -> t
 def decode_weight(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N, K/2] packed e2m1 + blocked e4m3 scales (any view mm accepts) -> [N, K] decoded values in `dtype`
     (float16, bfloat16 or float32: every e2m1 * e4m3 product is exact in each), without the per-tensor
-    scale. The same numbers as `formats.dequantize`, with a fraction of its temporaries: per row chunk, the
-    bytes widened to int32 indices, one gather of value pairs straight into the output, one in-place scale."""
+    scale: the same numbers as `formats.dequantize`, bit for bit. On the devices the op nvfp4_gemm::_decode
+    has kernels for (CPU, CUDA; meta and fake tensors through its fake), that op: one output tensor and no
+    other temporary (on CUDA a packed view the kernel cannot read in place, one with a stride along K or rows
+    not 8 bytes apart, is first copied contiguous); elsewhere decode_weight_torch."""
+    if weight.device.type in _DECODE_OP_DEVICES:
+        return _DECODE_OP(weight, weight_scale, dtype)
+    return decode_weight_torch(weight, weight_scale, dtype)
+
+
+def decode_weight_torch(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """decode_weight in plain PyTorch ops, for any device: per row chunk, the bytes widened to int32 indices,
+    one gather of value pairs straight into the output, one in-place scale (memory: the output plus one
+    chunk's index, _DECODE_CHUNK values; ~20 bytes of traffic per packed byte against the kernel's ~5)."""
     n, k = weight.shape[0], weight.shape[1] * 2
     scales = from_blocked(weight_scale, n, k).view(torch.float8_e4m3fn).to(dtype)  # [N, K/16]
     out = torch.empty((n, k), dtype=dtype, device=weight.device)

@@ -168,3 +168,18 @@ def _input_scales_fake(x, weight_scale_2, input_scale=None):
     _check_devices("nvfp4_gemm._input_scales", "x", x, weight_scale_2=weight_scale_2, input_scale=input_scale)
     torch._check(x.dim() == 2, lambda: f"nvfp4_gemm._input_scales: x must be 2-D [rows, K], got {x.dim()}-D")
     return x.new_empty((3,), dtype=torch.float32)
+
+
+@torch.library.register_fake("nvfp4_gemm::_decode")
+def _decode_fake(packed, sf, dtype):
+    op = "nvfp4_gemm._decode"
+    torch._check(dtype in _ACT_DTYPES, lambda: f"{op}: dtype must be float16, bfloat16 or float32, got {dtype}")
+    torch._check(packed.dtype in _PACKED_DTYPES,
+                 lambda: f"{op}: packed must be packed e2m1 (uint8 or float4_e2m1fn_x2), got {packed.dtype}")
+    torch._check(packed.dim() == 2, lambda: f"{op}: packed must be 2-D [N, K/2], got {packed.dim()}-D")
+    _check_devices(op, "packed", packed, sf=sf)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    torch._check(k > 0 and k % 16 == 0, lambda: f"{op}: K = 2 * packed.shape[1] must be a positive multiple of 16, got {k}")
+    need = -(-n // 128) * 128 * (-(-(k // 16) // 4) * 4)
+    torch._check(sf.numel() == need, lambda: f"{op}: sf must hold {need} blocked e4m3 scales for N={n}, K={k}, got {sf.numel()}")
+    return packed.new_empty((n, k), dtype=dtype)

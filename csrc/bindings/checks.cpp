@@ -122,6 +122,23 @@ void check_blocked_scales(const char* op, const at::Tensor& sf, const char* name
 
 void check_gpu_readable(const char* op, const at::Tensor& t, const char* name) { check_gpu_readable_impl(op, t, name); }
 
+std::pair<int64_t, int64_t> check_decode_inputs(const at::Tensor& packed, const at::Tensor& sf, at::ScalarType dtype) {
+  constexpr const char* op = "nvfp4_gemm._decode";
+  TORCH_CHECK(is_activation_dtype(dtype), op, ": dtype must be torch.float16, torch.bfloat16 or torch.float32 "
+              "(each holds every e2m1 * e4m3 product exactly), got ", dtype);
+  TORCH_CHECK(is_packed_fp4_dtype(packed.scalar_type()), op, ": packed must be packed e2m1 data of dtype "
+              "torch.uint8 or torch.float4_e2m1fn_x2, got ", packed.scalar_type());
+  TORCH_CHECK(packed.dim() == 2, op, ": packed must be 2-D [N, K/2] (two e2m1 values per byte, K-major), got ",
+              packed.dim(), "-D tensor of shape ", shape_str(packed));
+  const int64_t n = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK(k > 0 && k % kSfVecSize == 0, op, ": K = 2 * packed.shape[1] must be a positive multiple of 16 "
+              "(one e4m3 scale per 16 values), got K=", k, " (packed of shape ", shape_str(packed), ")");
+  TORCH_CHECK(sf.device() == packed.device(), op, ": sf must be on packed's device (", packed.device(), "), got ",
+              sf.device());
+  check_blocked_scales_impl(op, sf, "sf", "N", n, k);
+  return {n, k};
+}
+
 OutDtype to_out_dtype(at::ScalarType t) {
   switch (t) {
     case at::kHalf: return OutDtype::kFloat16;

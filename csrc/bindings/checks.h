@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <utility>
 
 #include "common/problem.h"
 
@@ -31,6 +32,11 @@ void check_blocked_scales(const char* op, const at::Tensor& sf, const char* name
 // The rules the GPU kernels read a 2-D operand under (unit stride along its last dim, rows 16 bytes apart,
 // 16-byte aligned data), with errors naming `op` and `name`.
 void check_gpu_readable(const char* op, const at::Tensor& t, const char* name);
+
+// Checks of nvfp4_gemm::_decode (packed [N, K/2] e2m1 of any strides, K a positive multiple of 16; sf its
+// blocked scales in a view mm accepts, on packed's device; dtype float16 / bfloat16 / float32); throws
+// c10::Error naming the argument, expected vs actual. Returns {N, K}.
+std::pair<int64_t, int64_t> check_decode_inputs(const at::Tensor& packed, const at::Tensor& sf, at::ScalarType dtype);
 
 // Bytes of the blocked scale layout for `rows` x `k / 16` scales.
 inline int64_t blocked_sf_bytes(int64_t rows, int64_t k) {

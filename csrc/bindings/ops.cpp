@@ -54,6 +54,9 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
   m.def(
       "mm_out(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor? alpha=None, ScalarType? out_dtype=None, *, "
       "Tensor(a!) out) -> ()");
+  // The exact decode of an NVFP4 weight (e2m1 * e4m3 block scale, no per-tensor scale) to a new [N, K]
+  // tensor of `dtype`: what the backward through a frozen NVFP4 weight multiplies by (nvfp4_gemm/autograd.py).
+  m.def("_decode(Tensor packed, Tensor sf, ScalarType dtype) -> Tensor");
   m.def("_register_backends() -> str[]", []() { return nvfp4_gemm::register_backends(); });
   m.def("_backends_json() -> str", []() { return nvfp4_gemm::backends_json(); });
   // Names of the registered arch backends whose kernels run on an SM of this version, preferred first.

@@ -11,14 +11,10 @@
 namespace nvfp4_gemm {
 namespace {
 
-// [rows, k/2] packed data + blocked scales -> [rows, k] float32.
-at::Tensor decode_cpu(const at::Tensor& packed, const at::Tensor& sf_blocked, int64_t rows, int64_t k) {
-  const at::Tensor data = packed.view(at::kByte).contiguous();
-  const uint8_t* src = data.data_ptr<uint8_t>();
-  // Every accepted scale view addresses the blocked bytes from its data pointer (checks.cpp).
-  const uint8_t* sf = static_cast<const uint8_t*>(sf_blocked.data_ptr());
-  at::Tensor out = at::empty({rows, k}, data.options().dtype(at::kFloat));
-  float* dst = out.data_ptr<float>();
+// [rows, k/2] packed data + blocked scales -> [rows, k] of T (float, c10::Half or c10::BFloat16): each value
+// e2m1 * e4m3 in fp32, exact, so that its conversion to T is exact too.
+template <typename T>
+void decode_rows(const uint8_t* src, const uint8_t* sf, int64_t rows, int64_t k, T* dst) {
   const int64_t sf_cols = k / kSfVecSize;
   float lut[16];
   for (int c = 0; c < 16; ++c) lut[c] = e2m1_to_float(static_cast<uint8_t>(c));
@@ -27,14 +23,30 @@ at::Tensor decode_cpu(const at::Tensor& packed, const at::Tensor& sf_blocked, in
       for (int64_t s = 0; s < sf_cols; ++s) {
         const float scale = e4m3_to_float(sf[blocked_sf_offset(r, s, sf_cols)]);
         const uint8_t* in = src + r * (k / 2) + s * (kSfVecSize / 2);
-        float* o = dst + r * k + s * kSfVecSize;
+        T* o = dst + r * k + s * kSfVecSize;
         for (int i = 0; i < kSfVecSize / 2; ++i) {
-          o[2 * i] = lut[in[i] & 0xF] * scale;
-          o[2 * i + 1] = lut[in[i] >> 4] * scale;
+          o[2 * i] = static_cast<T>(lut[in[i] & 0xF] * scale);
+          o[2 * i + 1] = static_cast<T>(lut[in[i] >> 4] * scale);
         }
       }
     }
   });
+}
+
+// [rows, k/2] packed data (any strides) + blocked scales -> [rows, k] of `dtype`.
+at::Tensor decode_cpu(const at::Tensor& packed, const at::Tensor& sf_blocked, int64_t rows, int64_t k,
+                      at::ScalarType dtype = at::kFloat) {
+  const at::Tensor data = packed.view(at::kByte).contiguous();
+  const uint8_t* src = data.data_ptr<uint8_t>();
+  // Every accepted scale view addresses the blocked bytes from its data pointer (checks.cpp).
+  const uint8_t* sf = static_cast<const uint8_t*>(sf_blocked.data_ptr());
+  at::Tensor out = at::empty({rows, k}, data.options().dtype(dtype));
+  switch (dtype) {
+    case at::kFloat: decode_rows(src, sf, rows, k, out.data_ptr<float>()); break;
+    case at::kHalf: decode_rows(src, sf, rows, k, out.data_ptr<c10::Half>()); break;
+    case at::kBFloat16: decode_rows(src, sf, rows, k, out.data_ptr<c10::BFloat16>()); break;
+    default: TORCH_CHECK(false, "internal: decode_cpu to ", dtype);
+  }
   return out;
 }
 
@@ -65,10 +77,16 @@ void mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at
   out.copy_(product_fp32(s, a, b, sfa, sfb, alpha));
 }
 
+at::Tensor decode_op_cpu(const at::Tensor& packed, const at::Tensor& sf, at::ScalarType dtype) {
+  const auto [n, k] = check_decode_inputs(packed, sf, dtype);
+  return decode_cpu(packed, sf, n, k, dtype);
+}
+
 }  // namespace
 }  // namespace nvfp4_gemm
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
   m.impl("mm", &nvfp4_gemm::mm_cpu);
   m.impl("mm_out", &nvfp4_gemm::mm_out_cpu);
+  m.impl("_decode", &nvfp4_gemm::decode_op_cpu);
 }

@@ -21,8 +21,9 @@ inline Operand w4a4_operand(OutDtype out) { return out == OutDtype::kBFloat16 ? 
 // the caller GEMMs into an fp32 buffer and rounds once from there.
 bool gemm_writes(Operand t, OutDtype out);
 
-// [rows, k] packed e2m1 (rows ld_bytes apart) with blocked scales -> [rows, k] of `t`, contiguous,
-// 16-byte aligned. Returns false with `err` filled on a launch failure.
+// [rows, k] packed e2m1 (rows ld_bytes apart; base and ld_bytes multiples of 8: each 16-value group is read
+// as 8 bytes) with blocked scales -> [rows, k] of `t`, contiguous, 16-byte aligned. k % 16 == 0, rows >= 1,
+// rows * k / 16 < 2^31 * 256. Returns false with `err` filled on a launch failure.
 bool decode(const uint8_t* packed, int64_t ld_bytes, const uint8_t* sf, int64_t rows, int64_t k, Operand t,
             void* out, cudaStream_t stream, char* err, size_t err_len);
 

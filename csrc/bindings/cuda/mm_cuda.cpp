@@ -1,8 +1,8 @@
-// CUDA implementation of nvfp4_gemm::mm and mm_out: validate once, describe the problem to the backends,
-// pick one (forced by NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG, else the first arch module whose table takes
-// the problem on this device, else the generic path), allocate its workspace through torch, launch on
-// the current stream. No host sync on the call path (the one-time self-check below is the exception,
-// outside CUDA-graph capture only).
+// CUDA implementation of nvfp4_gemm::mm and mm_out (and of _decode, the generic path's decode alone):
+// validate once, describe the problem to the backends, pick one (forced by NVFP4_GEMM_BACKEND /
+// NVFP4_GEMM_CONFIG, else the first arch module whose table takes the problem on this device, else the
+// generic path), allocate its workspace through torch, launch on the current stream. No host sync on the
+// call path (the one-time self-check below is the exception, outside CUDA-graph capture only).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -354,6 +355,38 @@ void mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::optional<a
   if (s.m > 0 && s.n > 0) mm_into(s, a, b, sfa, sfb, alpha, out);
 }
 
+// nvfp4_gemm::_decode on CUDA: the generic path's decode kernel into a new [N, K] tensor. The kernel reads
+// each 16-value group as 8 bytes: a view with a stride along K, rows not 8 bytes apart or an unaligned base is
+// copied contiguous first (the only other allocation, transient; the fused layers' row-slice views and mm's
+// operands are read in place).
+at::Tensor decode_op_cuda(const at::Tensor& packed, const at::Tensor& sf, at::ScalarType dtype) {
+  const auto [n, k] = check_decode_inputs(packed, sf, dtype);
+  const c10::cuda::CUDAGuard guard(packed.device());
+  at::Tensor out = at::empty({n, k}, packed.options().dtype(dtype));
+  if (n == 0) return out;  // a launch of zero blocks is an error
+  // The kernel runs one thread per 16-value group in a 1-D grid of 256-thread blocks.
+  constexpr int64_t kMaxGroups = static_cast<int64_t>(INT32_MAX) * 256;
+  TORCH_CHECK(n <= kMaxGroups / (k / kSfVecSize), "nvfp4_gemm._decode: N * K / 16 must be at most 2^31 * 256 on "
+              "CUDA, got N=", n, " K=", k);
+  const int device_index = packed.get_device();
+  const int sm = device_info(device_index).sm;
+  TORCH_CHECK(sm >= 80, "nvfp4_gemm._decode: the CUDA decode kernel needs SM >= 8.0, this GPU is SM ", sm / 10, ".",
+              sm % 10, "; move the tensors to the CPU");
+  at::Tensor bytes = packed.view(at::kByte);
+  const bool readable = (bytes.stride(1) == 1 || bytes.size(1) <= 1) && (n <= 1 || bytes.stride(0) % 8 == 0) &&
+                        reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 == 0;
+  if (!readable) bytes = bytes.contiguous();
+  const int64_t ld_bytes = n > 1 ? bytes.stride(0) : k / 2;
+  const generic::Operand op = dtype == at::kFloat      ? generic::Operand::kFloat32
+                              : dtype == at::kBFloat16 ? generic::Operand::kBFloat16
+                                                       : generic::Operand::kFloat16;
+  char err[kErrLen] = {0};
+  TORCH_CHECK(generic::decode(bytes.data_ptr<uint8_t>(), ld_bytes, static_cast<const uint8_t*>(sf.data_ptr()), n, k,
+                              op, out.data_ptr(), at::cuda::getCurrentCUDAStream(), err, kErrLen),
+              "nvfp4_gemm._decode (N=", n, " K=", k, "): ", err);
+  return out;
+}
+
 // The arch config for a quantize-on-the-fly problem, by the rules `choose` applies to the packed problem
 // (forced backend / config first, then the first arch table that takes it), so that the fused call and
 // quantize + mm run the same config. No choice (the generic path would run): {}.
@@ -427,4 +460,5 @@ std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Ten
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("mm", &nvfp4_gemm::mm_cuda);
   m.impl("mm_out", &nvfp4_gemm::mm_out_cuda);
+  m.impl("_decode", &nvfp4_gemm::decode_op_cuda);
 }
