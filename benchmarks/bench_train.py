@@ -1,8 +1,11 @@
 """LoRA training step on an NVFP4 weight-only base against a bf16 base (issue 29's targets).
 
     python benchmarks/bench_train.py                           # GPU: Llama-3-8B-shaped stack, 4 layers, seq 2048, batch 1
-    python benchmarks/bench_train.py --layers 8 --json out.json --profile
+    python benchmarks/bench_train.py --layers 8 --json out.json --profile --breakdown
     python benchmarks/bench_train.py --smoke                   # CPU, a tiny stack, wall clock: checks the script's logic
+
+Its default fits one device call: ~1 min for both variants at 4 layers on an H100 (model set-up included;
+each variant's set-up seconds are printed), so a build (~1 min), the GPU tests and this run fit 8 minutes.
 
 The model is a transformers LlamaModel (decoder layers, no LM head; a 256-token vocabulary so the embedding is
 negligible) with Llama-3-8B's layer shapes, random weights (the same seed for both bases), in bfloat16.
@@ -16,10 +19,15 @@ Figures per variant: step time (CUDA events around each step, after --warmup ste
 peak memory allocated over the timed steps, and the base projections' weight bytes (bf16: 2 bytes per weight;
 NVFP4: packed weight + blocked e4m3 scales + the fp32 scale). Targets: base-weight memory <= 0.35x bf16,
 step time <= 1.15x bf16. --profile adds the top CUDA kernels of one NVFP4 step (where the time goes).
+--breakdown adds, over 2 more untimed NVFP4 steps, the per-step milliseconds of the NVFP4 base layers' work
+from CUDA events: their forward (the nvfp4_gemm.linear calls, one per fused group), and in the backward the
+weight decode (autograd.decode_weight: nvfp4_gemm::_decode) and the rest of autograd.grad_input (the cuBLAS
+GEMM, alpha, the rounding); the bf16 base's own dx GEMMs are the comparison for the last.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -107,7 +115,60 @@ class StepTimer:
         return times
 
 
+class Breakdown:
+    """--breakdown: milliseconds per step of the NVFP4 base layers' work, from CUDA events (the wall clock on the
+    CPU) around the module-level entries the layers and the backward call, patched for the duration of
+    `installed()`: the forward GEMMs (call_linear as nn.py and fused.py call it), the backward's weight decode
+    (autograd.decode_weight) and its GEMM (autograd.grad_input, less the decode inside it)."""
+
+    PARTS = ("base forward", "backward decode", "backward GEMM + alpha + rounding")
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.spans: dict[str, list] = {"forward": [], "decode": [], "grad_input": []}
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _wrap(self, key: str, fn):
+        def timed(*args, **kwargs):
+            start = self._mark()
+            out = fn(*args, **kwargs)
+            self.spans[key].append((start, self._mark()))
+            return out
+        return timed
+
+    @contextlib.contextmanager
+    def installed(self):
+        from nvfp4_gemm import autograd, fused, nn as nvfp4_nn
+
+        targets = [(autograd, "decode_weight", "decode"), (autograd, "grad_input", "grad_input"),
+                   (nvfp4_nn, "call_linear", "forward"), (fused, "call_linear", "forward")]
+        saved = [(mod, name, getattr(mod, name)) for mod, name, _ in targets]
+        for mod, name, key in targets:
+            setattr(mod, name, self._wrap(key, getattr(mod, name)))
+        try:
+            yield self
+        finally:
+            for mod, name, fn in saved:
+                setattr(mod, name, fn)
+
+    def ms_per_step(self, steps: int) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        total = {key: sum(start.elapsed_time(end) if self.cuda else (end - start) * 1e3 for start, end in spans)
+                 for key, spans in self.spans.items()}
+        return {self.PARTS[0]: total["forward"] / steps, self.PARTS[1]: total["decode"] / steps,
+                self.PARTS[2]: (total["grad_input"] - total["decode"]) / steps,
+                "calls per step": {key: len(spans) / steps for key, spans in self.spans.items()}}
+
+
 def measure(variant: str, args, device, dtype, timer: StepTimer) -> dict:
+    t_setup = time.perf_counter()
     model = build(variant, args.shape, args.layers, args.seq, device, dtype, args.seed, args.grad_checkpointing)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -122,12 +183,14 @@ def measure(variant: str, args, device, dtype, timer: StepTimer) -> dict:
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
 
+    setup_s = time.perf_counter() - t_setup
     timer.run(step, args.warmup)
     if timer.cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     times = timer.run(step, args.steps)
     peak = torch.cuda.max_memory_allocated(device) if timer.cuda else None
+    timed_losses = list(losses)  # the warm-up and timed steps' (the profiled and --breakdown ones come later)
     profile = None
     if args.profile and timer.cuda and variant != "bf16":
         from torch.profiler import ProfilerActivity, profile as prof
@@ -136,10 +199,18 @@ def measure(variant: str, args, device, dtype, timer: StepTimer) -> dict:
             step()
             torch.cuda.synchronize(device)
         profile = p.key_averages().table(sort_by="cuda_time_total", row_limit=15)
+    breakdown = None
+    if args.breakdown and variant != "bf16":
+        steps = 2
+        with Breakdown(timer.cuda).installed() as b:
+            for _ in range(steps):
+                step()
+        breakdown = b.ms_per_step(steps)
     row = dict(variant=variant, step_ms=statistics.median(times), step_ms_all=times, peak_bytes=peak,
+               setup_s=setup_s, breakdown=breakdown,
                base_weight_bytes=base_weight_bytes(model),
                trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-               losses=[float(x) for x in losses], profile=profile)
+               losses=[float(x) for x in timed_losses], profile=profile)
     del model, opt, losses
     gc.collect()
     if timer.cuda:
@@ -161,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grad-checkpointing", action="store_true", help="recompute each decoder layer in the backward")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one NVFP4 step")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="time the NVFP4 layers' forward, backward decode and backward GEMM (2 more steps)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny stack, wall clock: checks the script's logic")
     args = ap.parse_args(argv)
@@ -211,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {t['name']} | {t['value']:.3f}x | <= {t['limit']}x | {t['verdict']} |")
     if peak_ratio is not None:
         lines.append(f"\npeak memory NVFP4 / bf16: {peak_ratio:.3f}x")
+    lines.append("\nset-up (model, quantization, adapters) s: " +
+                 ", ".join(f"{r['variant']} {r['setup_s']:.1f}" for r in rows))
+    for r in rows:
+        if r["breakdown"]:
+            parts = [f"{name} {r['breakdown'][name]:.2f}" for name in Breakdown.PARTS]
+            lines.append(f"\n{r['variant']} step of {r['step_ms']:.2f} ms, the NVFP4 layers' share (ms per step, "
+                         f"--breakdown): " + ", ".join(parts))
     if args.smoke:
         lines.append("\n(--smoke: CPU figures, the verdicts only exercise the script)")
     text = "\n".join(lines)

@@ -6,7 +6,8 @@
 #             comparison, the hostile-input tests (PYTEST_FILES / PYTEST_K narrow it)
 #   sanitize  compute-sanitizer memcheck over the CUDA mse quantizer and the op-boundary tests
 #   generate  benchmarks/bench_generate.py (GEN_VARIANTS, GEN_LAYERS decoder layers)
-#   train     benchmarks/bench_train.py (TRAIN_LAYERS layers of the 8B shapes, seq 2048)
+#   train     benchmarks/bench_train.py (TRAIN_LAYERS layers of the 8B shapes, seq 2048; TRAIN_ARGS="--breakdown
+#             --profile" adds where the NVFP4 step's time goes)
 #   bash benchmarks/device_session.sh   (repo root; wheels in .whl/: nvidia-cutlass, humming-kernels, and
 #   transformers / peft / modelopt where the image's versions differ)
 source benchmarks/_device_common.sh
@@ -39,7 +40,8 @@ for part in $PARTS; do
       step "bench_train ${TRAIN_LAYERS:-4} layers"
       timeout ${TRAIN_TIMEOUT:-150} python3 benchmarks/bench_train.py --layers ${TRAIN_LAYERS:-4} ${TRAIN_ARGS:-} \
         --json "$OUT/bench_train.json" > "$OUT/bench_train.log" 2>&1
-      echo "rc=$?"; tail -24 "$OUT/bench_train.log" ;;
+      echo "rc=$?"; sed -n '/^### bench_train/,$p' "$OUT/bench_train.log" | head -60
+      grep -E "Error|error:" "$OUT/bench_train.log" | head -5 ;;
     *) echo "unknown part '$part' (tests, sanitize, generate, train)"; exit 2 ;;
   esac
 done

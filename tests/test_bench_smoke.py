@@ -278,12 +278,20 @@ def test_bench_train_smoke(tmp_path):
     formats' sizes recomputed here, ratios and verdicts follow from the rows."""
     pytest.importorskip("peft", reason="peft is not installed: `pip install --no-deps peft==0.21.2 accelerate==1.15.0`")
     out = tmp_path / "train.json"
-    proc = run_script("bench_train.py", "--smoke", "--json", str(out))
+    proc = run_script("bench_train.py", "--smoke", "--breakdown", "--json", str(out))
     assert_ran(proc)
     data = json.loads(out.read_text())
     check_meta(data["meta"])
     rows = {r["variant"]: r for r in data["rows"]}
     assert list(rows) == ["bf16", "nvfp4-wo"]
+    # --breakdown: the NVFP4 base's GEMMs per step. Per layer 6 forwards (gate / up fuse: N = 128 each; q / k / v
+    # do not: N = 64, 32, 32), the same 6 backwards but in layer 0 only o, gate/up and down (the embedding output
+    # needs no gradient): 12 forwards, 9 decodes, each decode inside one grad_input.
+    b = rows["nvfp4-wo"]["breakdown"]
+    assert rows["bf16"]["breakdown"] is None
+    assert b["calls per step"] == {"forward": 12, "decode": 9, "grad_input": 9}
+    assert all(b[part] > 0 for part in ("base forward", "backward decode", "backward GEMM + alpha + rounding"))
+    assert "the NVFP4 layers' share (ms per step, --breakdown): base forward" in proc.stdout
     # The tiny stack: hidden 64, MLP 128, 4 heads of 16, 2 KV heads; 2 layers; LoRA rank 16 on every projection.
     shapes = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)]  # (N, K)
     layers = data["meta"]["layers"]
