@@ -80,6 +80,14 @@ def test_decode_every_scale_byte_and_code(device):
         assert_same_bits(got, dequantize(packed, sf, k, dtype), dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_no_rows(device):
+    """N = 0 (an empty weight) gives an empty [0, K] result, and launches nothing (a zero-block launch fails)."""
+    out = decode(torch.empty(0, 32, dtype=torch.uint8, device=device), torch.empty(0, dtype=torch.uint8, device=device),
+                 torch.bfloat16)
+    assert out.shape == (0, 64) and out.dtype == torch.bfloat16 and out.device.type == device
+
+
 def random_bytes(rows: int, cols: int, seed: int, device: str) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=g).to(device)
@@ -234,3 +242,10 @@ def test_decode_cuda_no_host_sync_and_graph_capture():
         out.fill_(float("nan"))
         graph.replay()
         assert_same_bits(out, dequantize(new_p.cpu(), new_sf.cpu(), 160, torch.bfloat16), seed)
+
+
+@requires_cuda
+def test_decode_cuda_argument_on_another_device():
+    packed, sf = operand(40, 64, "typical", 71, "cuda")
+    with pytest.raises(RuntimeError, match=r"nvfp4_gemm\._decode: sf must be on packed's device \(cuda:0\), got cpu"):
+        decode(packed, sf.cpu(), torch.float16)
