@@ -375,7 +375,7 @@ at::Tensor decode_op_cuda(const at::Tensor& packed, const at::Tensor& sf, at::Sc
   at::Tensor bytes = packed.view(at::kByte);
   const bool readable = (bytes.stride(1) == 1 || bytes.size(1) <= 1) && (n <= 1 || bytes.stride(0) % 8 == 0) &&
                         reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 8 == 0;
-  if (!readable) bytes = bytes.contiguous();
+  if (!readable) bytes = bytes.clone(at::MemoryFormat::Contiguous);  // (contiguous() keeps an unaligned base)
   const int64_t ld_bytes = n > 1 ? bytes.stride(0) : k / 2;
   const generic::Operand op = dtype == at::kFloat      ? generic::Operand::kFloat32
                               : dtype == at::kBFloat16 ? generic::Operand::kBFloat16
