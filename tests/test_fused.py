@@ -71,19 +71,44 @@ def quantized_pair(family: str, mode: str, **kw):
     return model, plain
 
 
+def own_scales_pair(family: str, mode: str, dtype: torch.dtype = torch.float32, **kw):
+    """(fused model, the same NVFP4 tensors unfused) where every layer keeps its OWN per-tensor weight scale
+    (quantize_model with fuse=False, as a checkpoint that did not share them): fuse_projections then fuses
+    every group with per-part alphas."""
+    model = tiny_model(family, **kw)
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(model, weight_only=mode == "weight_only", progress=False, fuse=False,
+                   calibrate=(lambda m: m(calib)) if mode == "static" else None)
+    model.to(dtype)
+    plain = copy.deepcopy(model)
+    assert fuse_projections(model) == LAYERS * 2
+    for layer in model.model.layers:
+        for g in (layer.self_attn.q_proj._group, layer.mlp.gate_proj._group):
+            assert g.valid and g.own_alphas
+            ws2 = [float(p.weight_scale_2) for p in g.parts]
+            assert len(set(ws2)) == len(ws2), ws2  # every part's alpha differs: a shared one would show
+    return model, plain
+
+
 class CountGemms:
-    """Counts nvfp4_gemm.linear calls of the fused groups and of the plain layers (both go through call_linear)."""
+    """Counts the GEMMs of the fused groups and of the plain layers: nvfp4_gemm.linear calls (both go through
+    call_linear) and the fused groups with per-part alphas (fused.linear_parts)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = nn_mod.call_linear
+        real, real_parts = nn_mod.call_linear, fused_mod.linear_parts
 
         def counted(*args):
             self.calls += 1
             return real(*args)
 
+        def counted_parts(*args):
+            self.calls += 1
+            return real_parts(*args)
+
         monkeypatch.setattr(nn_mod, "call_linear", counted)
         monkeypatch.setattr(fused_mod, "call_linear", counted)
+        monkeypatch.setattr(fused_mod, "linear_parts", counted_parts)
 
 
 def logits(model, ids) -> torch.Tensor:
@@ -112,6 +137,87 @@ def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
     assert torch.equal(got, want)
     # Nothing stays in a slot after the forward (no tensor is kept across forwards).
     assert all(p._group.slot is None for p in fused_parts)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family, dtype", [("llama", torch.float16), ("qwen2", torch.bfloat16),
+                                           ("qwen2", torch.float16), ("qwen3", torch.float32)])
+def test_groups_with_own_scales_fuse_bit_identical(family, dtype, mode, monkeypatch):
+    """Parts whose weight_scale_2 differ fuse too: one GEMM per group, each part's own alpha in the epilogue,
+    the logits bit for bit the unfused ones (fp16 / bf16 / fp32, with and without biases), the state_dict
+    the unfused one's."""
+    model, plain = own_scales_pair(family, mode, dtype)
+    ids = token_ids()
+    count = CountGemms(monkeypatch)
+    want = logits(plain, ids)
+    assert count.calls == UNFUSED_GEMMS
+    count.calls = 0
+    got = logits(model, ids)
+    assert count.calls == FUSED_GEMMS
+    assert want.dtype == dtype and torch.isfinite(want).all()
+    assert torch.equal(got, want)
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+    sd, ref = model.state_dict(), plain.state_dict()
+    assert list(sd) == list(ref) and all(sd[k].dtype == ref[k].dtype and torch.equal(sd[k], ref[k]) for k in sd)
+
+
+def fused_parts_inputs(device, mode: str, dtype: torch.dtype, bias: bool, sizes=(256, 128, 128), k: int = 256):
+    """Parts (NVFP4Linear) of the given N with their own weight scales (weights of different magnitudes),
+    and the arguments of fused.linear_parts for their concatenation."""
+    g = torch.Generator().manual_seed(sum(sizes) + bias)
+    parts = []
+    for i, n in enumerate(sizes):
+        lin = nn.Linear(k, n, bias=bias)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(n, k, generator=g) * (1 + i) / k ** 0.5)
+            if bias:
+                lin.bias.copy_(torch.randn(n, generator=g))
+        p = NVFP4Linear.from_linear(lin.to(dtype), weight_only=mode == "weight_only",
+                                    input_amax=3.0 if mode == "static" else None).to(device)
+        parts.append(p)
+    ws2 = [p.weight_scale_2 for p in parts]
+    assert len({float(t) for t in ws2}) == len(parts)
+    args = (torch.cat([p.weight for p in parts]), torch.cat([p.weight_scale for p in parts]), ws2, list(sizes),
+            parts[0].input_scale, torch.cat([p.bias for p in parts]) if bias else None, mode == "weight_only")
+    return parts, args
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device on this machine"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias", (False, True))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("mode", MODES)
+def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
+    """fused.linear_parts (one GEMM at alpha 1 into fp32, each part's alpha after) against each part's own
+    nvfp4_gemm.linear, bit for bit: for ONE part (the same M, N, K, so on CUDA the same kernel configuration
+    and the same accumulation: this holds the epilogue to the kernels' round(fl(alpha * acc))) on every
+    device, and for the concatenation of three on the CPU (on CUDA the fused N may pick another configuration:
+    to rounding). Rows from 1 (small-M kernels) to 2100 (large-M path), 3-D and non-contiguous x, no rows."""
+    parts, args = fused_parts_inputs(device, mode, dtype, bias)
+    g = torch.Generator().manual_seed(7)
+    rows = (1, 5, 64, 300) + ((2100,) if device == "cuda" else ())
+    xs = [torch.randn(m, 256, generator=g).to(dtype) * 2 for m in rows]
+    xs += [torch.randn(2, 3, 256, generator=g).to(dtype), torch.randn(256, 6, generator=g).to(dtype).t(),
+           torch.empty(0, 256, dtype=dtype)]
+    with torch.no_grad():
+        for x in xs:
+            x = x.to(device)
+            for p, w, sf, ws2 in zip(parts, args[0].split(args[3]), args[1].split([p.weight_scale.numel() for p in parts]),
+                                     args[2]):
+                one = fused_mod.linear_parts(x, w, sf, [ws2], [p.out_features], p.input_scale, p.bias, p.weight_only)
+                want = p(x)
+                assert one.dtype == want.dtype == dtype and one.shape == want.shape
+                assert torch.equal(one, want), (tuple(x.shape), p.out_features)
+            got = fused_mod.linear_parts(x, *args)
+            want = torch.cat([p(x) for p in parts], dim=-1)
+            assert torch.isfinite(want).all()
+            if device == "cpu":
+                assert torch.equal(got, want), tuple(x.shape)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_quantize_model_shares_group_scale_only_when_fusing():
