@@ -287,6 +287,38 @@ def test_fused_under_torch_compile(family, mode, inductor):
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
 
+@pytest.mark.parametrize("family, mode, inductor", [("llama", "dynamic", True), ("qwen2", "static", False),
+                                                    ("qwen3", "weight_only", False)])
+def test_own_scales_under_torch_compile(family, mode, inductor):
+    """Groups with per-part alphas under fullgraph compile: one nvfp4_gemm._linear_parts per group in the
+    traced program (opaque: inductor cannot contract its multiply and bias add), the eager logits, and with
+    inductor the unfused model's compiled logits, bit for bit."""
+    model, plain = own_scales_pair(family, mode, torch.bfloat16 if family == "qwen2" else torch.float32)
+    ids = token_ids()
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        graphs.append((sum("nvfp4_gemm._linear_parts" in t for t in targets),
+                       sum("nvfp4_gemm.linear" in t for t in targets)))
+        return gm.forward
+
+    want = logits(plain, ids)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend=counting_backend, fullgraph=True)(ids, use_cache=False).logits
+    assert graphs == [(LAYERS * 2, FUSED_GEMMS - LAYERS * 2)]
+    assert torch.equal(got, want)
+    if inductor:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+            want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
+        assert torch.equal(got, want)
+    torch._dynamo.reset()
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
 def test_hooks_on_parts_see_unfused_values(monkeypatch):
     model, plain = quantized_pair("llama", "dynamic")
     ids = token_ids()
@@ -391,6 +423,39 @@ def test_gradients_through_fused_groups(monkeypatch):
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-6)
 
 
+def test_gradients_through_groups_with_own_scales(monkeypatch):
+    """A call that needs a gradient runs a per-part-alpha group unfused (linear_parts has no backward): the
+    gradients are the unfused model's, bit for bit; without grad the same model runs fused again."""
+    model, plain = own_scales_pair("qwen2", "weight_only")
+    ids = token_ids()
+    grads = []
+    count = CountGemms(monkeypatch)
+    for m in (model, plain):
+        emb = m.model.embed_tokens(ids).detach().requires_grad_(True)
+        count.calls = 0
+        m(inputs_embeds=emb, use_cache=False).logits.square().mean().backward()
+        grads.append((emb.grad, count.calls))
+    assert grads[0][1] == grads[1][1] == UNFUSED_GEMMS
+    assert torch.isfinite(grads[0][0]).all() and grads[0][0].abs().sum() > 0
+    assert torch.equal(grads[0][0], grads[1][0])
+    count.calls = 0
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    assert count.calls == FUSED_GEMMS + UNFUSED_GEMMS
+
+
+def test_own_scales_bad_input_named_by_the_layer():
+    model, _ = own_scales_pair("llama", "dynamic")
+    q = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="in_features = 128, got 64"):
+            q(torch.randn(2, 64))
+        with pytest.raises(ValueError, match="at least 2 dims"):
+            q(torch.randn(HIDDEN))
+        with pytest.raises(ValueError, match="float16, bfloat16 or float32, got torch.int32"):
+            q(torch.ones(2, HIDDEN, dtype=torch.int32))
+    assert q._group.valid and q._group.slot is None
+
+
 def test_slot_misses_fall_back_exactly():
     model, plain = quantized_pair("llama", "dynamic")
     attn, ref = model.model.layers[0].self_attn, plain.model.layers[0].self_attn
@@ -430,27 +495,47 @@ def test_state_dict_and_save_pretrained_unchanged(tmp_path):
     assert torch.equal(logits(fresh, ids), logits(plain, ids))
 
 
-def test_from_pretrained_fuses_shared_scales_only(tmp_path, caplog):
+def test_from_pretrained_fuses_shared_scales(tmp_path):
     model, plain = quantized_pair("llama", "weight_only")
     nvfp4_gemm.save_pretrained(model, tmp_path / "shared", progress=False)
     loaded = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False)
     assert sum(isinstance(m, FusedNVFP4Linear) for m in loaded.modules()) == LAYERS * 5
+    assert not any(m._group.own_alphas for m in loaded.modules() if isinstance(m, FusedNVFP4Linear))
     ids = token_ids()
     assert torch.equal(logits(loaded, ids), logits(plain, ids))
     unfused = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False, fuse=False)
     assert not any(isinstance(m, FusedNVFP4Linear) for m in unfused.modules())
 
-    # A checkpoint whose parts have their own scales (quantize_model(fuse=False)) loads unfused (exact),
-    # and says why at debug level.
-    own = tiny_model("llama")
-    quantize_model(own, weight_only=True, fuse=False, progress=False)
+
+@pytest.mark.parametrize("fmt, mode", [("modelopt", "weight_only"), ("modelopt", "static"),
+                                       ("compressed-tensors", "weight_only"), ("compressed-tensors", "static")])
+def test_from_pretrained_fuses_groups_with_own_scales(tmp_path, caplog, fmt, mode):
+    """A checkpoint whose q/k/v and gate/up parts have their own weight scales (both formats' layouts, as
+    written by save_pretrained: ModelOpt's weight_scale_2, compressed-tensors' weight_global_scale) loads
+    fused with per-part alphas (logged at debug level): the logits bit for bit those of the same checkpoint
+    loaded unfused, and saving the fused model writes the checkpoint's bytes again."""
+    own = tiny_model("qwen2")
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(own, weight_only=mode == "weight_only", fuse=False, progress=False,
+                   calibrate=(lambda m: m(calib)) if mode == "static" else None)
     with pytest.warns(UserWarning, match="different per-tensor scales"):
-        nvfp4_gemm.save_pretrained(own, tmp_path / "own", progress=False)
+        nvfp4_gemm.save_pretrained(own, tmp_path / "own", format=fmt, progress=False)
     with caplog.at_level(logging.DEBUG, logger="nvfp4_gemm.fused"):
         loaded = nvfp4_gemm.from_pretrained(tmp_path / "own", progress=False)
-    assert not any(isinstance(m, FusedNVFP4Linear) for m in loaded.modules())
-    assert "weight_scale_2 differ" in caplog.text and "k_proj" in caplog.text
-    assert torch.equal(logits(loaded, ids), logits(own, ids))
+    parts = [m for m in loaded.modules() if isinstance(m, FusedNVFP4Linear)]
+    assert len(parts) == LAYERS * 5 and all(p._group.valid and p._group.own_alphas for p in parts)
+    assert "weight_scale_2 differ" in caplog.text and "self_attn" in caplog.text
+    attn = loaded.model.layers[0].self_attn
+    assert float(attn.q_proj.weight_scale_2) != float(attn.k_proj.weight_scale_2)
+    assert (attn.q_proj.input_scale is not None) == (mode == "static")
+    unfused = nvfp4_gemm.from_pretrained(tmp_path / "own", progress=False, fuse=False)
+    ids = token_ids()
+    want = logits(unfused, ids)
+    assert torch.equal(logits(loaded, ids), want) and torch.equal(logits(own, ids), want)
+    with pytest.warns(UserWarning, match="different per-tensor scales"):
+        nvfp4_gemm.save_pretrained(loaded, tmp_path / "again", format=fmt, progress=False)
+    assert filecmp.cmp(tmp_path / "own" / "model.safetensors", tmp_path / "again" / "model.safetensors",
+                       shallow=False)
 
 
 def test_from_pretrained_quantize_on_load_fuses_after_calibration(tmp_path):
@@ -506,6 +591,10 @@ def test_changed_scales_unfuse_until_refused(caplog):
     plain.model.layers[1].mlp.up_proj.weight_scale_2.mul_(2)
     assert torch.equal(logits(model, ids), logits(plain, ids))
     assert not model.model.layers[1].mlp.up_proj._group.valid
+    # fused again, now with per-part alphas (gate's and up's weight scales differ by the factor 2)
+    assert fuse_projections(model) == 2 * LAYERS
+    assert model.model.layers[1].mlp.up_proj._group.own_alphas
+    assert torch.equal(logits(model, ids), logits(plain, ids))
 
 
 def test_per_block_dynamic_layers_stay_unfused():
@@ -583,6 +672,37 @@ def test_cuda_graph_capture_of_a_fused_model(mode):
     torch.cuda.synchronize()
     assert torch.equal(out, want)
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_cuda_groups_with_own_scales(mode, dtype):
+    """On the GPU: per-part-alpha groups give the unfused logits (bit for bit where the fused N runs the same
+    kernel configuration, to rounding otherwise: test_linear_parts_equal_each_part_alone holds the epilogue
+    bit for bit), and a CUDA graph of the fused forward replays the eager logits exactly."""
+    model, plain = own_scales_pair("qwen2", mode, dtype)
+    model.cuda()
+    plain.cuda()
+    ids = token_ids().cuda()
+    with torch.no_grad():
+        want = logits(plain, ids)
+        got = logits(model, ids)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(ids, use_cache=False).logits
+        out.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
+    assert all(p._group.own_alphas and p._group.slot is None
+               for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
 
 @pytest.mark.parametrize("method, mode", [("rtn", "dynamic"), ("rtn", "static"), ("mse", "weight_only"),
