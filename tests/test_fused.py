@@ -195,7 +195,9 @@ def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
     nvfp4_gemm.linear, bit for bit: for ONE part (the same M, N, K, so on CUDA the same kernel configuration
     and the same accumulation: this holds the epilogue to the kernels' round(fl(alpha * acc))) on every
     device, and for the concatenation of three on the CPU (on CUDA the fused N may pick another configuration:
-    to rounding). Rows from 1 (small-M kernels) to 2100 (large-M path), 3-D and non-contiguous x, no rows."""
+    to rounding). Rows from 1 (sm90's small-M kernels) to 300 (its wgmma kernels), 3-D and non-contiguous x,
+    no rows; on CUDA also 2100 rows, where sm90 hands the problem to decode + cuBLAS, whose kernel choice may
+    follow the output dtype (W4A4 decodes to fp16 for an fp32 output, to bf16 for a bf16 one): to rounding."""
     parts, args = fused_parts_inputs(device, mode, dtype, bias)
     g = torch.Generator().manual_seed(7)
     rows = (1, 5, 64, 300) + ((2100,) if device == "cuda" else ())
@@ -210,7 +212,10 @@ def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
                 one = fused_mod.linear_parts(x, w, sf, [ws2], [p.out_features], p.input_scale, p.bias, p.weight_only)
                 want = p(x)
                 assert one.dtype == want.dtype == dtype and one.shape == want.shape
-                assert torch.equal(one, want), (tuple(x.shape), p.out_features)
+                if x.numel() // 256 < 2048:
+                    assert torch.equal(one, want), (tuple(x.shape), p.out_features)
+                else:
+                    torch.testing.assert_close(one, want, rtol=1e-2, atol=1e-2)
             got = fused_mod.linear_parts(x, *args)
             want = torch.cat([p(x) for p in parts], dim=-1)
             assert torch.isfinite(want).all()
