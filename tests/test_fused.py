@@ -693,7 +693,10 @@ def test_cuda_groups_with_own_scales(mode, dtype):
     with torch.no_grad():
         want = logits(plain, ids)
         got = logits(model, ids)
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        assert torch.isfinite(got).all()
+        # (a one-ulp difference in a GEMM output can move later fp16 / bf16 roundings: the logits' norm)
+        rel = float((got.float() - want.float()).norm() / want.float().norm())
+        assert rel < 1e-2, rel
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
