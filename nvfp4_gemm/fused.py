@@ -294,8 +294,11 @@ class FusedNVFP4Linear(NVFP4Linear):
                 return super().forward(x)
             lead = self
             if g.own_alphas:
-                if torch.is_grad_enabled() and (x.requires_grad or (g.bias is not None and g.bias.requires_grad)):
-                    g.slot = None  # linear_parts has no backward: each part runs its own linear (autograd)
+                if torch.is_grad_enabled() and (x.requires_grad or (g.bias is not None and g.bias.requires_grad)
+                                                or any(p._buffers["weight_scale_2"].requires_grad for p in g.parts)):
+                    # linear_parts has no backward: each part runs its own linear (autograd, and its refusal
+                    # of a frozen scale that requires grad)
+                    g.slot = None
                     return super().forward(x)
                 y = self._linear_parts(x, g)
             else:

@@ -446,6 +446,10 @@ def test_gradients_through_groups_with_own_scales(monkeypatch):
     count.calls = 0
     assert torch.equal(logits(model, ids), logits(plain, ids))
     assert count.calls == FUSED_GEMMS + UNFUSED_GEMMS
+    # a frozen scale that requires grad is refused as an unfused layer refuses it
+    model.model.layers[0].self_attn.k_proj.weight_scale_2.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="weight_scale_2 requires grad"):
+        model(token_ids(), use_cache=False)
 
 
 def test_own_scales_bad_input_named_by_the_layer():
@@ -459,6 +463,26 @@ def test_own_scales_bad_input_named_by_the_layer():
         with pytest.raises(ValueError, match="float16, bfloat16 or float32, got torch.int32"):
             q(torch.ones(2, HIDDEN, dtype=torch.int32))
     assert q._group.valid and q._group.slot is None
+
+
+def test_own_scales_follow_casts_and_loads():
+    """.to(dtype) keeps a per-part-alpha group fused; load_state_dict of own-scale tensors into a model fused
+    with shared scales turns its groups into per-part-alpha ones (and back), bit for bit the unfused model."""
+    model, plain = own_scales_pair("qwen2", "static")
+    ids = token_ids()
+    shared, shared_plain = quantized_pair("qwen2", "static")
+    g = shared.model.layers[1].mlp.gate_proj._group
+    assert g.valid and not g.own_alphas
+    shared.load_state_dict(plain.state_dict())
+    assert g.valid and g.own_alphas
+    assert torch.equal(logits(shared, ids), logits(plain, ids))
+    shared.load_state_dict(shared_plain.state_dict())
+    assert g.valid and not g.own_alphas
+    assert torch.equal(logits(shared, ids), logits(shared_plain, ids))
+    model.to(torch.bfloat16)
+    plain.to(torch.bfloat16)
+    assert model.model.layers[0].self_attn.q_proj._group.own_alphas
+    assert torch.equal(logits(model, ids), logits(plain, ids))
 
 
 def test_slot_misses_fall_back_exactly():
