@@ -709,12 +709,15 @@ def test_cuda_graph_capture_of_a_fused_model(mode):
 def test_cuda_groups_with_own_scales(mode, dtype):
     """On the GPU: per-part-alpha groups give the unfused logits (bit for bit where the fused N runs the same
     kernel configuration, to rounding otherwise: test_linear_parts_equal_each_part_alone holds the epilogue
-    bit for bit), and a CUDA graph of the fused forward replays the eager logits exactly."""
+    bit for bit), and a CUDA graph of the fused forward replays the eager logits exactly (attention on the
+    math sdpa backend: test_cuda_graph_capture_of_a_fused_model says why)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     model, plain = own_scales_pair("qwen2", mode, dtype)
     model.cuda()
     plain.cuda()
     ids = token_ids().cuda()
-    with torch.no_grad():
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         want = logits(plain, ids)
         got = logits(model, ids)
         assert torch.isfinite(got).all()
