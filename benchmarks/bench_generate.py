@@ -642,7 +642,8 @@ def main(argv=None) -> int:
     timer = Timer(device, args.replays)
     clock = Clock(device)
     meta = run_meta(device, timer)
-    meta.update(own_scales=args.own_scales, variants=variants, layers=args.layers, batch=args.batch, context=args.context, prefill=args.prefill,
+    meta.update(own_scales=args.own_scales, variants=variants, layers=args.layers, batch=args.batch,
+                context=args.context, prefill=args.prefill,
                 generate_tokens=args.generate_tokens, compile=args.compile, transformers=transformers.__version__,
                 config={**config_kw, "num_hidden_layers": args.layers},
                 step_timing=(f"torch.compile {args.compile} (no inductor CUDA graphs), one step captured in a CUDA "

@@ -23,15 +23,15 @@ k/v) stay unfused. The per-tensor scales are not concatenated, and they may diff
     fl(input decode scale * weight_scale_2), the decode scale being input_scale, or the call's dynamic one
     from nvfp4_gemm._input_scales), the bias added in fp32 and the sum rounded once to x's dtype. The
     kernels' epilogues compute round(fl(alpha * acc)) (the CPU's; sm90's fl(fl(2^7 * alpha) * acc') with
-    acc = 2^7 * acc' exactly, the power of two its decode leaves; cuBLAS's alpha * acc with beta = 0 on the
-    generic path), so this is the same arithmetic, one launch later: never a block scale rescaled into e4m3. Its GEMM takes x
-    already quantized (W4A4: _input_scales, quantize, then mm, as linear does where no kernel quantizes x
-    itself), and under torch.compile the whole of it is one op (nvfp4_gemm::_linear_parts), so that
-    inductor cannot contract the multiply and the bias add into an FMA. Cost against one shared alpha: the
-    fp32 result written and read once more and 2-4 small launches (the alpha columns, the multiply, the
-    bias add; W4A4: the quantize the sm90 kernel would otherwise do itself), measured by
-    benchmarks/bench_generate.py --own-scales. A call that needs a gradient (x or the bias requiring grad)
-    runs the group unfused;
+    acc = 2^7 * acc' exactly, the power of two its decode leaves; cuBLAS's alpha * acc with beta = 0 on
+    the generic path), so this is the same arithmetic, one launch later: never a block scale rescaled into
+    e4m3. Its GEMM takes x already quantized (W4A4: _input_scales, quantize, then mm, as linear does where
+    no kernel quantizes x itself), and under torch.compile the whole of it is one op
+    (nvfp4_gemm::_linear_parts), so that inductor cannot contract the multiply and the bias add into an
+    FMA. Cost against one shared alpha: the fp32 result written and read once more and 2-4 small launches
+    (the alpha columns, the multiply, the bias add; W4A4: the quantize the sm90 kernel would otherwise do
+    itself), measured by benchmarks/bench_generate.py --own-scales. A call that needs a gradient (x, the
+    bias or a weight_scale_2 requiring grad) runs the group unfused;
   * parts whose static input_scale differ stay unfused (exact): each would quantize x with its own scale,
     so the parts share no quantized x for one GEMM to read.
 A group that stays unfused, and why, is logged at debug level.
@@ -57,11 +57,12 @@ Numerics. The fused GEMM computes every output element from the same operands as
 (dynamic W4A4: the amax of x is the same for every part), and applies the part's own alpha, so results
 are bit for bit the unfused ones on the CPU; on CUDA a different N can select a different kernel
 configuration (fp32 accumulation order); with per-part alphas the static W4A4 GEMM reads x quantized by
-the quantize kernel rather than inside the sm90 kernel (the same bits), and at M >= 2048 (decode + cuBLAS)
-the fp32 output can make cuBLAS pick another kernel than the part's own fp16 / bf16 one. What changes numerics is the
-SHARED per-tensor weight scale that quantize_model gives a fusable group (from the group's largest |w|,
-as ModelOpt's export does): k and v are then quantized with q's group scale rather than their own
-(fuse=False keeps each layer's own scale; fuse_projections then fuses them with per-part alphas).
+the quantize kernel rather than inside the sm90 kernel (the same bits), and at M >= 2048 (decode +
+cuBLAS) the fp32 output can make cuBLAS pick another kernel than the part's own fp16 / bf16 one. What
+changes numerics is the SHARED per-tensor weight scale that quantize_model gives a fusable group (from
+the group's largest |w|, as ModelOpt's export does): k and v are then quantized with q's group scale
+rather than their own (fuse=False keeps each layer's own scale; fuse_projections then fuses them with
+per-part alphas).
 
 Limits: one thread per model at a time (a concurrent forward just misses the slot); an exception between the
 first part and the last leaves the slot holding x and the untaken slices until the group's next call.
@@ -294,8 +295,9 @@ class FusedNVFP4Linear(NVFP4Linear):
                 return super().forward(x)
             lead = self
             if g.own_alphas:
-                if torch.is_grad_enabled() and (x.requires_grad or (g.bias is not None and g.bias.requires_grad)
-                                                or any(p._buffers["weight_scale_2"].requires_grad for p in g.parts)):
+                if torch.is_grad_enabled() and (
+                        x.requires_grad or (g.bias is not None and g.bias.requires_grad)
+                        or any(p._buffers["weight_scale_2"].requires_grad for p in g.parts)):
                     # linear_parts has no backward: each part runs its own linear (autograd, and its refusal
                     # of a frozen scale that requires grad)
                     g.slot = None

@@ -207,8 +207,8 @@ def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
     with torch.no_grad():
         for x in xs:
             x = x.to(device)
-            for p, w, sf, ws2 in zip(parts, args[0].split(args[3]), args[1].split([p.weight_scale.numel() for p in parts]),
-                                     args[2]):
+            scales = args[1].split([p.weight_scale.numel() for p in parts])
+            for p, w, sf, ws2 in zip(parts, args[0].split(args[3]), scales, args[2]):
                 one = fused_mod.linear_parts(x, w, sf, [ws2], [p.out_features], p.input_scale, p.bias, p.weight_only)
                 want = p(x)
                 assert one.dtype == want.dtype == dtype and one.shape == want.shape
