@@ -78,6 +78,7 @@ from torch.nn.modules import module as _module
 
 from .nn import NVFP4Linear
 from .autograd import call_linear, call_mm
+from .ops import _check_devices
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,11 @@ def _linear_parts_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 
 @_linear_parts_op.register_fake
 def _(x, weight, weight_scale, weight_scale_2, sizes, input_scale, bias, weight_only):
+    scales_2 = {f"weight_scale_2[{i}]": t for i, t in enumerate(weight_scale_2)}
+    _check_devices("nvfp4_gemm._linear_parts", "x", x, weight=weight, weight_scale=weight_scale,
+                   input_scale=input_scale, bias=bias, **scales_2)
+    torch._check(sum(sizes) == weight.shape[0],
+                 lambda: f"nvfp4_gemm._linear_parts: sizes must sum to N = {weight.shape[0]}, got {sizes}")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

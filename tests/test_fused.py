@@ -292,6 +292,17 @@ def test_fused_under_torch_compile(family, mode, inductor):
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_linear_parts_opcheck(device, mode):
+    """The op compiled code calls (nvfp4_gemm::_linear_parts): schema, fake and AOT dispatch agree with it."""
+    parts, args = fused_parts_inputs(device, mode, torch.bfloat16, True)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(2)).bfloat16().to(device)
+    # (uint8 block scales: opcheck's schema check multiplies tensors, which float8 does not support on the CPU)
+    torch.library.opcheck(torch.ops.nvfp4_gemm._linear_parts.default,
+                          (x, args[0], args[1].view(torch.uint8), *args[2:]))
+
+
 @pytest.mark.parametrize("family, mode, inductor", [("llama", "dynamic", True), ("qwen2", "static", False),
                                                     ("qwen3", "weight_only", False)])
 def test_own_scales_under_torch_compile(family, mode, inductor):
