@@ -27,6 +27,11 @@ Variants (the same random weights, seeded, for every variant; one model alive at
                     behind a custom op so that torch.compile keeps it whole); 'missing' where not importable
   static, static_unfused     W4A4 with input scales calibrated on one 256-token forward
   dynamic, dynamic_unfused   W4A4, input scales per call
+--own-scales: after quantize_model, each fused group's later parts get a weight_scale_2 one ulp (k, up) or two
+(v) above the first part's and fuse_projections fuses them again, so every fused variant runs its groups with
+per-part alphas (nvfp4_gemm.fused.linear_parts: one GEMM at alpha 1 into fp32, each part's alpha after), as a
+checkpoint whose parts kept their own scales does; the _unfused variants run the same tensors one GEMM per
+projection. Compare with a run without it for the shared-alpha figures.
 lm_head stays fp16 in every variant (as in NVFP4 checkpoints). Memory, per NVFP4 family: the float model's
 bytes, the NVFP4 model's bytes, and the peak during quantize_model (torch.cuda.max_memory_allocated, the float
 model resident), checked against what was allocated before it (the float model) plus four times the largest
@@ -248,7 +253,8 @@ KERNEL_CLASSES = (  # first match wins, on the lower-case kernel (GPU) or op (CP
     ("attention", ("flash", "fmha", "attention", "attn", "softmax")),
     ("quantize", ("quantize", "quant_a", "dynamic_scales", "static_scales", "zero_counters", "input_scales")),
     ("gemm", ("gemm", "small_m_kernel", "xmma", "cutlass", "gemv", "decode_kernel", "decode_a_kernel", "order_a16",
-              "humming", "nvfp4_gemm::linear", "aten::mm", "aten::addmm", "aten::bmm", "matmul", "sm90_", "nvjet")),
+              "humming", "nvfp4_gemm::linear", "nvfp4_gemm::mm", "aten::mm", "aten::addmm", "aten::bmm", "matmul",
+              "sm90_", "nvjet")),
 )
 
 
@@ -288,8 +294,22 @@ def profile_step(step, device: torch.device) -> dict:
         classes[c]["count"] += e.count
         top.append((us / 1e3, e.count, c, e.key[:120]))
     top.sort(reverse=True)
+    # NVFP4 GEMMs issued: linear calls, fused groups with per-part alphas (the _linear_parts op when compiled,
+    # its own mm call in eager code), and no mm called from inside either.
+    outer = ("nvfp4_gemm::linear", "nvfp4_gemm::_linear_parts")
+
+    def inside(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if p.name in outer:
+                return True
+            p = p.cpu_parent
+        return False
+
+    gemm_calls = sum(1 for e in prof.events() if e.device_type == DeviceType.CPU and (
+        e.name in outer or (e.name == "nvfp4_gemm::mm" and not inside(e))))
     return {"unit": "GPU kernels" if want == DeviceType.CUDA else "CPU ops (self time)", "classes": classes,
-            "nvfp4_linear_calls": linear_calls,
+            "nvfp4_linear_calls": linear_calls, "nvfp4_gemm_calls": gemm_calls,
             "kernels": sum(v["count"] for v in classes.values()), "total_ms": sum(v["ms"] for v in classes.values()),
             "top": [dict(ms=t[0], count=t[1], cls=t[2], name=t[3]) for t in top[:12]]}
 
@@ -370,6 +390,26 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
     return rec
 
 
+def give_parts_own_scales(model: nn.Module) -> int:
+    """--own-scales (module docstring): part i > 0 of each fused group gets weight_scale_2 i ulps above part 0's,
+    then the groups are fused again, with per-part alphas. Returns the number of such groups."""
+    groups = {id(m._group): m._group for m in model.modules() if isinstance(m, nvfp4_gemm.fused.FusedNVFP4Linear)}
+    with torch.no_grad():
+        for g in groups.values():
+            first = g.parts[0].weight_scale_2
+            for i, p in enumerate(g.parts[1:], 1):
+                ws2 = first.clone()
+                for _ in range(i):
+                    ws2 = torch.nextafter(ws2, torch.full_like(ws2, float("inf")))
+                p.weight_scale_2.copy_(ws2)
+    nvfp4_gemm.fuse_projections(model)
+    own = {id(m._group) for m in model.modules()
+           if isinstance(m, nvfp4_gemm.fused.FusedNVFP4Linear) and m._group.valid and m._group.own_alphas}
+    if len(own) != len(groups):
+        raise RuntimeError(f"--own-scales: {len(own)} of {len(groups)} fused groups run with per-part alphas")
+    return len(own)
+
+
 def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock: Clock, baseline: dict,
                config_kw: dict, add_row) -> None:
     """Builds the float model, quantizes it for `mode` (measuring memory), then times each of `variants`
@@ -397,6 +437,8 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
             mem["quantize_peak_bytes"] = torch.cuda.max_memory_allocated(device)
             mem["quantize_peak_limit_bytes"] = (mem["allocated_before_quantize_bytes"]
                                                 + WORK_SPACE_LAYERS * mem["largest_linear_bytes"])
+        if args.own_scales:
+            mem["own_alpha_groups"] = give_parts_own_scales(model)
     mem["build_s"] = time.perf_counter() - t0
     print(f"  {mode or 'fp16'}: model built in {mem['build_s']:.1f} s; {json.dumps(mem)}", flush=True)
     order = [v for v in VARIANTS if v in variants]
@@ -476,7 +518,9 @@ def report(meta: dict, rows: list[dict], targets: list[dict], batches: list[int]
              f"`{meta['command']}`; torch {meta['torch']}, transformers {meta['transformers']}; Llama "
              f"{meta['layers']} layers, hidden {meta['config']['hidden_size']}; decode step: {meta['step_timing']}; "
              f"context {meta['context']}, prefill {meta['prefill']} tokens (eager), generate {meta['generate_tokens']} "
-             f"tokens (eager, static cache)."]
+             f"tokens (eager, static cache)."
+             + (" --own-scales: every fused group's parts have their own weight_scale_2 (per-part alphas)."
+                if meta.get("own_scales") else "")]
     header = (["variant"] + [f"step b{b} ms (fp16 / it)" for b in batches]
               + ["prefill ms (it / fp16)", "generate tok/s", "kernels / step", "GEMM / attn / quant / other ms (count)",
                  "logits vs fp16: rel err, top-1", "model GB", "quantize peak GB"])
@@ -557,6 +601,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", choices=("inductor", "none"), default=None,
                     help="how the decode step is compiled (inductor; --smoke none)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of one step")
+    ap.add_argument("--own-scales", action="store_true",
+                    help="the fused groups' parts get their own weight scales (per-part alphas; module docstring)")
     ap.add_argument("--json", default=None, help="write every figure here (rewritten after each variant)")
     args = ap.parse_args(argv)
 
@@ -596,7 +642,8 @@ def main(argv=None) -> int:
     timer = Timer(device, args.replays)
     clock = Clock(device)
     meta = run_meta(device, timer)
-    meta.update(variants=variants, layers=args.layers, batch=args.batch, context=args.context, prefill=args.prefill,
+    meta.update(own_scales=args.own_scales, variants=variants, layers=args.layers, batch=args.batch,
+                context=args.context, prefill=args.prefill,
                 generate_tokens=args.generate_tokens, compile=args.compile, transformers=transformers.__version__,
                 config={**config_kw, "num_hidden_layers": args.layers},
                 step_timing=(f"torch.compile {args.compile} (no inductor CUDA graphs), one step captured in a CUDA "

@@ -327,8 +327,9 @@ def from_pretrained(
     once on the quantized model (dynamic scales, no_grad) and every layer gets a static input scale from
     the largest finite |input| it saw (max over a fused group).
     fuse: run the q/k/v and gate/up groups of Llama-, Mistral-, Qwen2- and Qwen3-family blocks as one GEMM
-    each where their per-tensor scales are shared (nvfp4_gemm.fuse_projections; exact, the model still
-    looks unfused from outside); False keeps one GEMM per layer.
+    each (nvfp4_gemm.fuse_projections; exact, the model still looks unfused from outside): one alpha where
+    the parts share their per-tensor scales, each part's own alpha where their weight_scale_2 differ;
+    parts with different static input scales stay unfused. False keeps one GEMM per layer.
     Raises CheckpointError / UnsupportedFormatError naming the file and the tensor for a bad checkpoint.
     """
     from tqdm.auto import tqdm

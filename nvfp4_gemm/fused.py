@@ -14,10 +14,27 @@ adds methods only), and its `weight`, `weight_scale` and `bias` buffers become v
 state_dict keys and values, save_pretrained's output and every part's own forward are those of the unfused
 layers, and the model holds no second copy. The blocked scales concatenate exactly when every part's N is a
 multiple of 128 (a part is then whole 128-row blocks of the fused layout); other groups (SmolLM2's 192-row
-k/v) stay unfused. The per-tensor scales are not concatenated: one GEMM has one alpha, so a group fuses only
-when its parts' weight_scale_2 (and static input_scale) are equal, as ModelOpt's and llm-compressor's exports
-make them (and quantize_model with fuse=True). A group whose parts differ stays unfused (exact), logged at
-debug level.
+k/v) stay unfused. The per-tensor scales are not concatenated, and they may differ between parts:
+  * parts that share weight_scale_2 (and, static W4A4, input_scale), as ModelOpt's and llm-compressor's
+    exports and quantize_model with fuse=True make them, run one nvfp4_gemm.linear call: one alpha;
+  * parts whose weight_scale_2 differ (quantize_model with fuse=False, a checkpoint that did not share
+    them) run one GEMM with alpha = 1 into float32, then each part's columns are multiplied by that part's
+    own alpha, formed exactly as its own linear call forms it (weight-only: weight_scale_2; W4A4:
+    fl(input decode scale * weight_scale_2), the decode scale being input_scale, or the call's dynamic one
+    from nvfp4_gemm._input_scales), the bias added in fp32 and the sum rounded once to x's dtype. The
+    kernels' epilogues compute round(fl(alpha * acc)) (the CPU's; sm90's fl(fl(2^7 * alpha) * acc') with
+    acc = 2^7 * acc' exactly, the power of two its decode leaves; cuBLAS's alpha * acc with beta = 0 on
+    the generic path), so this is the same arithmetic, one launch later: never a block scale rescaled into
+    e4m3. Its GEMM takes x already quantized (W4A4: _input_scales, quantize, then mm, as linear does where
+    no kernel quantizes x itself), and under torch.compile the whole of it is one op
+    (nvfp4_gemm::_linear_parts), so that inductor cannot contract the multiply and the bias add into an
+    FMA. Cost against one shared alpha: the fp32 result written and read once more and 2-4 small launches
+    (the alpha columns, the multiply, the bias add; W4A4: the quantize the sm90 kernel would otherwise do
+    itself), measured by benchmarks/bench_generate.py --own-scales. A call that needs a gradient (x, the
+    bias or a weight_scale_2 requiring grad) runs the group unfused;
+  * parts whose static input_scale differ stay unfused (exact): each would quantize x with its own scale,
+    so the parts share no quantized x for one GEMM to read.
+A group that stays unfused, and why, is logged at debug level.
 
 Execution. transformers calls the projections one by one inside its own attention and MLP forwards
 (`self.q_proj(hidden_states)`, `self.k_proj(hidden_states)`, ...), so nothing outside the parts changes: the
@@ -37,11 +54,15 @@ called again) when a part's buffer is replaced (`set_input_amax`, assignment) or
 per-tensor scale is changed in place; load_state_dict re-checks the group.
 
 Numerics. The fused GEMM computes every output element from the same operands as the part's own GEMM
-(dynamic W4A4: the amax of x is the same for every part), so results are bit for bit the unfused ones on
-the CPU; on CUDA a different N can select a different kernel configuration (fp32 accumulation order).
-What changes numerics is the SHARED per-tensor weight scale that quantize_model gives a fusable group
-(from the group's largest |w|, as ModelOpt's export does): k and v are then quantized with q's group
-scale rather than their own (fuse=False keeps each layer's own scale).
+(dynamic W4A4: the amax of x is the same for every part), and applies the part's own alpha, so results
+are bit for bit the unfused ones on the CPU; on CUDA a different N can select a different kernel
+configuration (fp32 accumulation order); with per-part alphas the static W4A4 GEMM reads x quantized by
+the quantize kernel rather than inside the sm90 kernel (the same bits), and at M >= 2048 (decode +
+cuBLAS) the fp32 output can make cuBLAS pick another kernel than the part's own fp16 / bf16 one. What
+changes numerics is the SHARED per-tensor weight scale that quantize_model gives a fusable group (from
+the group's largest |w|, as ModelOpt's export does): k and v are then quantized with q's group scale
+rather than their own (fuse=False keeps each layer's own scale; fuse_projections then fuses them with
+per-part alphas).
 
 Limits: one thread per model at a time (a concurrent forward just misses the slot); an exception between the
 first part and the last leaves the slot holding x and the untaken slices until the group's next call.
@@ -56,7 +77,8 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from .nn import NVFP4Linear
-from .autograd import call_linear
+from .autograd import call_linear, call_mm
+from .ops import _check_devices
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +92,62 @@ _FAMILY_MODULE = re.compile(r"transformers\.models\.(%s)\.modeling_" % "|".join(
 _ROW_BLOCK = 128
 _VIEWS = ("weight", "weight_scale", "bias")
 _SCALARS = ("weight_scale_2", "input_scale")
+# Bias dtypes the add reads as they are; others are rounded to float32 first (csrc/bindings/linear.cpp's
+# finish_linear, which the unfused parts run).
+_BIAS_AS_IS = (torch.float32, torch.float16, torch.bfloat16)
+_INPUT_SCALES_OP = torch.ops.nvfp4_gemm._input_scales.default
+_QUANTIZE_OP = torch.ops.nvfp4_gemm.quantize.default
+
+
+def linear_parts(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                 weight_scale_2: list[torch.Tensor], sizes: list[int], input_scale: torch.Tensor | None,
+                 bias: torch.Tensor | None, weight_only: bool) -> torch.Tensor:
+    """nvfp4_gemm.linear of the concatenated parts (weight [sum sizes, K/2], ...) where part i has its own
+    weight_scale_2[i]: bit for bit the parts' own linear calls, concatenated along the last dim (module
+    docstring). No host sync; no autograd (the caller runs the parts unfused when a gradient is needed)."""
+    k = weight.shape[1] * 2
+    x2 = x.reshape(-1, k)
+    # (linear's rows_for_kernels: the GPU kernels read 16-byte aligned rows of unit stride)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    n = weight.shape[0]
+    if x2.shape[0] == 0:
+        return x.new_empty((*x.shape[:-1], n))
+    # Each column's alpha, in the column's part order (expand: no per-part copy before the one cat).
+    alpha = torch.cat([t.reshape(1).expand(size) for t, size in zip(weight_scale_2, sizes)])
+    if weight_only:
+        acc = call_mm(x2, weight, None, weight_scale, None, torch.float32)
+    else:
+        # [encode, decode, alpha of part 0]: encode and decode do not depend on weight_scale_2.
+        scales = _INPUT_SCALES_OP(x2, weight_scale_2[0], input_scale)
+        packed, sf = _QUANTIZE_OP(x2, scales[0:1])
+        acc = call_mm(packed, weight, sf, weight_scale, None, torch.float32)
+        alpha = scales[1:2] * alpha  # fl(decode * weight_scale_2), as recipe.h's InputScales forms alpha
+    out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
+    if bias is None:
+        torch.mul(acc, alpha, out=out)  # fp32 product, one rounding to x's dtype on the store
+    else:
+        acc.mul_(alpha)
+        torch.add(acc, bias if bias.dtype in _BIAS_AS_IS else bias.float(), out=out)
+    return out.view(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("nvfp4_gemm::_linear_parts", mutates_args=())
+def _linear_parts_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                     weight_scale_2: list[torch.Tensor], sizes: list[int], input_scale: torch.Tensor | None,
+                     bias: torch.Tensor | None, weight_only: bool) -> torch.Tensor:
+    # What compiled code calls: one opaque op, so that the epilogue's multiply and add stay two roundings.
+    return linear_parts(x, weight, weight_scale, weight_scale_2, sizes, input_scale, bias, weight_only)
+
+
+@_linear_parts_op.register_fake
+def _(x, weight, weight_scale, weight_scale_2, sizes, input_scale, bias, weight_only):
+    scales_2 = {f"weight_scale_2[{i}]": t for i, t in enumerate(weight_scale_2)}
+    _check_devices("nvfp4_gemm._linear_parts", "x", x, weight=weight, weight_scale=weight_scale,
+                   input_scale=input_scale, bias=bias, **scales_2)
+    torch._check(sum(sizes) == weight.shape[0],
+                 lambda: f"nvfp4_gemm._linear_parts: sizes must sum to N = {weight.shape[0]}, got {sizes}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def supported_parent(module: nn.Module) -> bool:
@@ -102,6 +180,7 @@ class _Group:
         self.weight_scale = torch.cat([p.weight_scale.reshape(-1) for p in parts])
         self.bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
         self.valid = False
+        self.own_alphas = False  # the parts' weight_scale_2 differ: linear_parts, not one linear call
         self.tracked: list[torch.Tensor] = []  # the parts' per-tensor scales and their versions when validated
         self.versions: list[int] = []
         self.views: list[dict] = []
@@ -145,23 +224,27 @@ class _Group:
                 return "the parts mix weight-only and W4A4 modes"
             if getattr(p, "block_scales_only", False):
                 return "a part is per-block dynamic (block_scales_only)"
-            for name in _SCALARS:
-                a, b = lead._buffers.get(name), p._buffers.get(name)
-                if (a is None) != (b is None):
-                    return f"only some parts have {name}"
-                if a is not None and (a.device != self.weight.device or b.device != a.device
-                                      or not torch.equal(a.reshape(-1).float(), b.reshape(-1).float())):
-                    return f"the parts' {name} differ ({a.reshape(-1).tolist()} vs {b.reshape(-1).tolist()})"
+            why = _scalars_problem(lead, p, self.weight.device)
+            if why:
+                return why
         return None
+
+    def alphas_differ(self) -> bool:
+        ws2 = [p._buffers["weight_scale_2"].reshape(-1).float() for p in self.parts]
+        return not all(torch.equal(ws2[0], t) for t in ws2[1:])
 
     def validate(self, where: str = "") -> bool:
         why = self.why_invalid()
         self.valid = why is None
+        self.own_alphas = self.valid and self.alphas_differ()
         self.tracked = self.tracked_scalars() if self.valid else []
         self.versions = [t._version for t in self.tracked]
         self.slot = None
         if why:
             log.debug("fused projections %s: running unfused: %s", where or self.sizes, why)
+        elif self.own_alphas:
+            log.debug("fused projections %s: the parts' weight_scale_2 differ: one GEMM, each part's own alpha "
+                      "in the epilogue", where or self.sizes)
         return self.valid
 
     def invalidate(self, why: str) -> None:
@@ -217,9 +300,19 @@ class FusedNVFP4Linear(NVFP4Linear):
                 g.slot = None
                 return super().forward(x)
             lead = self
-            # (call_linear: NVFP4Linear.forward's entry, autograd included)
-            y = call_linear(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"], lead._buffers["input_scale"],
-                            g.bias, lead.weight_only)
+            if g.own_alphas:
+                if torch.is_grad_enabled() and (
+                        x.requires_grad or (g.bias is not None and g.bias.requires_grad)
+                        or any(p._buffers["weight_scale_2"].requires_grad for p in g.parts)):
+                    # linear_parts has no backward: each part runs its own linear (autograd, and its refusal
+                    # of a frozen scale that requires grad)
+                    g.slot = None
+                    return super().forward(x)
+                y = self._linear_parts(x, g)
+            else:
+                # (call_linear: NVFP4Linear.forward's entry, autograd included)
+                y = call_linear(x, g.weight, g.weight_scale, lead._buffers["weight_scale_2"],
+                                lead._buffers["input_scale"], g.bias, lead.weight_only)
             outs = list(y.split(g.sizes, dim=-1))
             g.slot = (x, version, outs)
             mine, outs[0] = outs[0], None
@@ -233,6 +326,19 @@ class FusedNVFP4Linear(NVFP4Linear):
             if mine is not None:
                 return mine
         return super().forward(x)
+
+    def _linear_parts(self, x: torch.Tensor, g: _Group) -> torch.Tensor:
+        if x.dim() < 2:
+            self._check_input(x)  # raises, in the layer's terms (a 1-D x would reshape without complaint)
+        args = (x, g.weight, g.weight_scale, [p._buffers["weight_scale_2"] for p in g.parts], g.sizes,
+                self._buffers["input_scale"], g.bias, self.weight_only)
+        try:
+            if torch.compiler.is_compiling():
+                return torch.ops.nvfp4_gemm._linear_parts(*args)
+            return linear_parts(*args)  # eager: no custom-op dispatch (host time per call)
+        except RuntimeError:
+            self._check_input(x)  # the layer's own terms (in_features, its device) where they apply
+            raise
 
     def __setattr__(self, name, value):
         g = self.__dict__.get("_group")
@@ -258,6 +364,23 @@ class FusedNVFP4Linear(NVFP4Linear):
             mine[name] = self._buffers[name] = g.view(self._index, name)
         g.validate()  # valid again once every part points into the moved tensors
         return self
+
+
+def _scalars_problem(lead: NVFP4Linear, p: NVFP4Linear, device: torch.device) -> str | None:
+    """None if part p's per-tensor scales can join lead's in one fused GEMM (weight_scale_2 may differ: each
+    part then keeps its own alpha), else why not."""
+    for name in _SCALARS:
+        a, b = lead._buffers.get(name), p._buffers.get(name)
+        if (a is None) != (b is None):
+            return f"only some parts have {name}"
+        if a is None:
+            continue
+        if a.device != device or b.device != device:
+            return f"a part's {name} is not on the weights' device {device}"
+        if name == "input_scale" and not torch.equal(a.reshape(-1).float(), b.reshape(-1).float()):
+            return (f"the parts' input_scale differ ({a.reshape(-1).tolist()} vs {b.reshape(-1).tolist()}): each "
+                    f"part quantizes x with its own scale, so no one quantized x serves a fused GEMM")
+    return None
 
 
 def _after_load(module: FusedNVFP4Linear, incompatible_keys) -> None:
@@ -305,15 +428,8 @@ def fuse_group(parent: nn.Module, names: tuple[str, ...], where: str = "") -> bo
             return True  # already fused and in order
         lead = parts[0]
         for p in parts[1:]:
-            if p.weight_only != lead.weight_only:
-                why = "the parts mix weight-only and W4A4 modes"
-            for name in _SCALARS:
-                a, b = lead._buffers.get(name), p._buffers.get(name)
-                if (a is None) != (b is None):
-                    why = f"only some parts have {name}"
-                elif a is not None and not torch.equal(a.reshape(-1).float().cpu(), b.reshape(-1).float().cpu()):
-                    why = (f"the parts' {name} differ ({a.reshape(-1).tolist()} vs {b.reshape(-1).tolist()}): one GEMM "
-                           f"has one alpha (a per-part alpha in the epilogue would fuse them)")
+            why = why or ("the parts mix weight-only and W4A4 modes" if p.weight_only != lead.weight_only
+                          else _scalars_problem(lead, p, lead.weight.device))
     if why is not None:
         log.debug("fuse_projections: %s%s stay unfused: %s", f"{where}." if where else "", "/".join(names), why)
         return False

@@ -434,7 +434,8 @@ def quantize_model(
         save_pretrained are unchanged). This changes the numerics: the parts of a group whose every N is a
         multiple of 128 are quantized with ONE per-tensor weight scale, from the group's largest finite |w|
         (ModelOpt's export does the same), instead of each with its own; other groups keep their own scales
-        and stay unfused. fuse=False keeps every layer's own scale and GEMM.
+        and stay unfused. fuse=False keeps every layer's own scale and GEMM (nvfp4_gemm.fuse_projections
+        afterwards runs those groups as one GEMM each with per-part alphas, the same numbers).
 
     Memory: each float weight is freed as soon as its NVFP4 layer is in place (when nothing else holds it),
     so the peak is the float model plus one layer's NVFP4 copy and quantization work space (gptq: plus one

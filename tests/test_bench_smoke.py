@@ -369,6 +369,30 @@ def test_bench_generate_smoke(tmp_path):
     assert "Unfused logits bit-identical to fused (same NVFP4 tensors): wo_unfused b1: yes" in text
 
 
+def test_bench_generate_smoke_own_scales(tmp_path):
+    """--own-scales: every fused group runs with per-part alphas, still 4 NVFP4 GEMMs per layer (7 unfused),
+    and the unfused logits are bit for bit the fused ones."""
+    out = tmp_path / "generate.json"
+    proc = run_script("bench_generate.py", "--smoke", "--own-scales", "--variants",
+                      "wo,wo_unfused,dynamic,dynamic_unfused", "--prefill", "0", "--generate-tokens", "0",
+                      "--json", str(out))
+    assert_ran(proc)
+    data = json.loads(out.read_text())
+    assert data["meta"]["own_scales"] is True and "--own-scales" in data["report"]
+    layers, batches = data["meta"]["layers"], data["meta"]["batch"]
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == ["fp16", "wo", "wo_unfused", "dynamic", "dynamic_unfused"]
+    for v, r in rows.items():
+        assert "error" not in r, r
+        if v == "fp16":
+            continue
+        assert r["own_alpha_groups"] == layers * 2
+        assert r["fused_parts"] == (0 if v.endswith("_unfused") else layers * 5)
+        assert r["profile"]["nvfp4_gemm_calls"] == layers * (7 if v.endswith("_unfused") else 4), v
+        if v.endswith("_unfused"):
+            assert all(r[f"bit_identical_to_fused_b{b}"] for b in batches), r
+
+
 @pytest.mark.parametrize("args, words", [
     (["--smoke", "--variants", "fp8"], ["--variants", "dynamic_unfused"]),
     (["--smoke", "--batch", "0"], ["--batch", "positive"]),

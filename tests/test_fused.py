@@ -71,19 +71,44 @@ def quantized_pair(family: str, mode: str, **kw):
     return model, plain
 
 
+def own_scales_pair(family: str, mode: str, dtype: torch.dtype = torch.float32, **kw):
+    """(fused model, the same NVFP4 tensors unfused) where every layer keeps its OWN per-tensor weight scale
+    (quantize_model with fuse=False, as a checkpoint that did not share them): fuse_projections then fuses
+    every group with per-part alphas."""
+    model = tiny_model(family, **kw)
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(model, weight_only=mode == "weight_only", progress=False, fuse=False,
+                   calibrate=(lambda m: m(calib)) if mode == "static" else None)
+    model.to(dtype)
+    plain = copy.deepcopy(model)
+    assert fuse_projections(model) == LAYERS * 2
+    for layer in model.model.layers:
+        for g in (layer.self_attn.q_proj._group, layer.mlp.gate_proj._group):
+            assert g.valid and g.own_alphas
+            ws2 = [float(p.weight_scale_2) for p in g.parts]
+            assert len(set(ws2)) == len(ws2), ws2  # every part's alpha differs: a shared one would show
+    return model, plain
+
+
 class CountGemms:
-    """Counts nvfp4_gemm.linear calls of the fused groups and of the plain layers (both go through call_linear)."""
+    """Counts the GEMMs of the fused groups and of the plain layers: nvfp4_gemm.linear calls (both go through
+    call_linear) and the fused groups with per-part alphas (fused.linear_parts)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = nn_mod.call_linear
+        real, real_parts = nn_mod.call_linear, fused_mod.linear_parts
 
         def counted(*args):
             self.calls += 1
             return real(*args)
 
+        def counted_parts(*args):
+            self.calls += 1
+            return real_parts(*args)
+
         monkeypatch.setattr(nn_mod, "call_linear", counted)
         monkeypatch.setattr(fused_mod, "call_linear", counted)
+        monkeypatch.setattr(fused_mod, "linear_parts", counted_parts)
 
 
 def logits(model, ids) -> torch.Tensor:
@@ -112,6 +137,92 @@ def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
     assert torch.equal(got, want)
     # Nothing stays in a slot after the forward (no tensor is kept across forwards).
     assert all(p._group.slot is None for p in fused_parts)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family, dtype", [("llama", torch.float16), ("qwen2", torch.bfloat16),
+                                           ("qwen2", torch.float16), ("qwen3", torch.float32)])
+def test_groups_with_own_scales_fuse_bit_identical(family, dtype, mode, monkeypatch):
+    """Parts whose weight_scale_2 differ fuse too: one GEMM per group, each part's own alpha in the epilogue,
+    the logits bit for bit the unfused ones (fp16 / bf16 / fp32, with and without biases), the state_dict
+    the unfused one's."""
+    model, plain = own_scales_pair(family, mode, dtype)
+    ids = token_ids()
+    count = CountGemms(monkeypatch)
+    want = logits(plain, ids)
+    assert count.calls == UNFUSED_GEMMS
+    count.calls = 0
+    got = logits(model, ids)
+    assert count.calls == FUSED_GEMMS
+    assert want.dtype == dtype and torch.isfinite(want).all()
+    assert torch.equal(got, want)
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+    sd, ref = model.state_dict(), plain.state_dict()
+    assert list(sd) == list(ref) and all(sd[k].dtype == ref[k].dtype and torch.equal(sd[k], ref[k]) for k in sd)
+
+
+def fused_parts_inputs(device, mode: str, dtype: torch.dtype, bias: bool, sizes=(256, 128, 128), k: int = 256):
+    """Parts (NVFP4Linear) of the given N with their own weight scales (weights of different magnitudes),
+    and the arguments of fused.linear_parts for their concatenation."""
+    g = torch.Generator().manual_seed(sum(sizes) + bias)
+    parts = []
+    for i, n in enumerate(sizes):
+        lin = nn.Linear(k, n, bias=bias)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(n, k, generator=g) * (1 + i) / k ** 0.5)
+            if bias:
+                lin.bias.copy_(torch.randn(n, generator=g))
+        p = NVFP4Linear.from_linear(lin.to(dtype), weight_only=mode == "weight_only",
+                                    input_amax=3.0 if mode == "static" else None).to(device)
+        parts.append(p)
+    ws2 = [p.weight_scale_2 for p in parts]
+    assert len({float(t) for t in ws2}) == len(parts)
+    args = (torch.cat([p.weight for p in parts]), torch.cat([p.weight_scale for p in parts]), ws2, list(sizes),
+            parts[0].input_scale, torch.cat([p.bias for p in parts]) if bias else None, mode == "weight_only")
+    return parts, args
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device on this machine"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias", (False, True))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("mode", MODES)
+def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
+    """fused.linear_parts (one GEMM at alpha 1 into fp32, each part's alpha after) against each part's own
+    nvfp4_gemm.linear, bit for bit: for ONE part (the same M, N, K, so on CUDA the same kernel configuration
+    and the same accumulation: this holds the epilogue to the kernels' round(fl(alpha * acc))) on every
+    device, and for the concatenation of three on the CPU (on CUDA the fused N may pick another configuration:
+    to rounding). Rows from 1 (sm90's small-M kernels) to 300 (its wgmma kernels), 3-D and non-contiguous x,
+    no rows; on CUDA also 2100 rows, where sm90 hands the problem to decode + cuBLAS, whose kernel choice may
+    follow the output dtype (W4A4 decodes to fp16 for an fp32 output, to bf16 for a bf16 one): to rounding."""
+    parts, args = fused_parts_inputs(device, mode, dtype, bias)
+    g = torch.Generator().manual_seed(7)
+    rows = (1, 5, 64, 300) + ((2100,) if device == "cuda" else ())
+    xs = [torch.randn(m, 256, generator=g).to(dtype) * 2 for m in rows]
+    xs += [torch.randn(2, 3, 256, generator=g).to(dtype), torch.randn(256, 6, generator=g).to(dtype).t(),
+           torch.empty(0, 256, dtype=dtype)]
+    with torch.no_grad():
+        for x in xs:
+            x = x.to(device)
+            scales = args[1].split([p.weight_scale.numel() for p in parts])
+            for p, w, sf, ws2 in zip(parts, args[0].split(args[3]), scales, args[2]):
+                one = fused_mod.linear_parts(x, w, sf, [ws2], [p.out_features], p.input_scale, p.bias, p.weight_only)
+                want = p(x)
+                assert one.dtype == want.dtype == dtype and one.shape == want.shape
+                if x.numel() // 256 < 2048:
+                    assert torch.equal(one, want), (tuple(x.shape), p.out_features)
+                else:
+                    torch.testing.assert_close(one, want, rtol=1e-2, atol=1e-2)
+            got = fused_mod.linear_parts(x, *args)
+            want = torch.cat([p(x) for p in parts], dim=-1)
+            assert torch.isfinite(want).all()
+            if device == "cpu":
+                assert torch.equal(got, want), tuple(x.shape)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_quantize_model_shares_group_scale_only_when_fusing():
@@ -176,6 +287,49 @@ def test_fused_under_torch_compile(family, mode, inductor):
             got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
             want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
         # (not compared with eager's: inductor fuses the float ops around the GEMMs its own way)
+        assert torch.equal(got, want)
+    torch._dynamo.reset()
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_linear_parts_opcheck(device, mode):
+    """The op compiled code calls (nvfp4_gemm::_linear_parts): schema, fake and AOT dispatch agree with it."""
+    parts, args = fused_parts_inputs(device, mode, torch.bfloat16, True)
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(2)).bfloat16().to(device)
+    # (uint8 block scales: opcheck's schema check multiplies tensors, which float8 does not support on the CPU)
+    torch.library.opcheck(torch.ops.nvfp4_gemm._linear_parts.default,
+                          (x, args[0], args[1].view(torch.uint8), *args[2:]))
+
+
+@pytest.mark.parametrize("family, mode, inductor", [("llama", "dynamic", True), ("qwen2", "static", False),
+                                                    ("qwen3", "weight_only", False)])
+def test_own_scales_under_torch_compile(family, mode, inductor):
+    """Groups with per-part alphas under fullgraph compile: one nvfp4_gemm._linear_parts per group in the
+    traced program (opaque: inductor cannot contract its multiply and bias add), the eager logits, and with
+    inductor the unfused model's compiled logits, bit for bit."""
+    model, plain = own_scales_pair(family, mode, torch.bfloat16 if family == "qwen2" else torch.float32)
+    ids = token_ids()
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        graphs.append((sum("nvfp4_gemm._linear_parts" in t for t in targets),
+                       sum("nvfp4_gemm.linear" in t for t in targets)))
+        return gm.forward
+
+    want = logits(plain, ids)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend=counting_backend, fullgraph=True)(ids, use_cache=False).logits
+    assert graphs == [(LAYERS * 2, FUSED_GEMMS - LAYERS * 2)]
+    assert torch.equal(got, want)
+    if inductor:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+            want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
         assert torch.equal(got, want)
     torch._dynamo.reset()
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
@@ -285,6 +439,63 @@ def test_gradients_through_fused_groups(monkeypatch):
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-6)
 
 
+def test_gradients_through_groups_with_own_scales(monkeypatch):
+    """A call that needs a gradient runs a per-part-alpha group unfused (linear_parts has no backward): the
+    gradients are the unfused model's, bit for bit; without grad the same model runs fused again."""
+    model, plain = own_scales_pair("qwen2", "weight_only")
+    ids = token_ids()
+    grads = []
+    count = CountGemms(monkeypatch)
+    for m in (model, plain):
+        emb = m.model.embed_tokens(ids).detach().requires_grad_(True)
+        count.calls = 0
+        m(inputs_embeds=emb, use_cache=False).logits.square().mean().backward()
+        grads.append((emb.grad, count.calls))
+    assert grads[0][1] == grads[1][1] == UNFUSED_GEMMS
+    assert torch.isfinite(grads[0][0]).all() and grads[0][0].abs().sum() > 0
+    assert torch.equal(grads[0][0], grads[1][0])
+    count.calls = 0
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+    assert count.calls == FUSED_GEMMS + UNFUSED_GEMMS
+    # a frozen scale that requires grad is refused as an unfused layer refuses it
+    model.model.layers[0].self_attn.k_proj.weight_scale_2.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="weight_scale_2 requires grad"):
+        model(token_ids(), use_cache=False)
+
+
+def test_own_scales_bad_input_named_by_the_layer():
+    model, _ = own_scales_pair("llama", "dynamic")
+    q = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="in_features = 128, got 64"):
+            q(torch.randn(2, 64))
+        with pytest.raises(ValueError, match="at least 2 dims"):
+            q(torch.randn(HIDDEN))
+        with pytest.raises(ValueError, match="float16, bfloat16 or float32, got torch.int32"):
+            q(torch.ones(2, HIDDEN, dtype=torch.int32))
+    assert q._group.valid and q._group.slot is None
+
+
+def test_own_scales_follow_casts_and_loads():
+    """.to(dtype) keeps a per-part-alpha group fused; load_state_dict of own-scale tensors into a model fused
+    with shared scales turns its groups into per-part-alpha ones (and back), bit for bit the unfused model."""
+    model, plain = own_scales_pair("qwen2", "static")
+    ids = token_ids()
+    shared, shared_plain = quantized_pair("qwen2", "static")
+    g = shared.model.layers[1].mlp.gate_proj._group
+    assert g.valid and not g.own_alphas
+    shared.load_state_dict(plain.state_dict())
+    assert g.valid and g.own_alphas
+    assert torch.equal(logits(shared, ids), logits(plain, ids))
+    shared.load_state_dict(shared_plain.state_dict())
+    assert g.valid and not g.own_alphas
+    assert torch.equal(logits(shared, ids), logits(shared_plain, ids))
+    model.to(torch.bfloat16)
+    plain.to(torch.bfloat16)
+    assert model.model.layers[0].self_attn.q_proj._group.own_alphas
+    assert torch.equal(logits(model, ids), logits(plain, ids))
+
+
 def test_slot_misses_fall_back_exactly():
     model, plain = quantized_pair("llama", "dynamic")
     attn, ref = model.model.layers[0].self_attn, plain.model.layers[0].self_attn
@@ -324,27 +535,47 @@ def test_state_dict_and_save_pretrained_unchanged(tmp_path):
     assert torch.equal(logits(fresh, ids), logits(plain, ids))
 
 
-def test_from_pretrained_fuses_shared_scales_only(tmp_path, caplog):
+def test_from_pretrained_fuses_shared_scales(tmp_path):
     model, plain = quantized_pair("llama", "weight_only")
     nvfp4_gemm.save_pretrained(model, tmp_path / "shared", progress=False)
     loaded = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False)
     assert sum(isinstance(m, FusedNVFP4Linear) for m in loaded.modules()) == LAYERS * 5
+    assert not any(m._group.own_alphas for m in loaded.modules() if isinstance(m, FusedNVFP4Linear))
     ids = token_ids()
     assert torch.equal(logits(loaded, ids), logits(plain, ids))
     unfused = nvfp4_gemm.from_pretrained(tmp_path / "shared", progress=False, fuse=False)
     assert not any(isinstance(m, FusedNVFP4Linear) for m in unfused.modules())
 
-    # A checkpoint whose parts have their own scales (quantize_model(fuse=False)) loads unfused (exact),
-    # and says why at debug level.
-    own = tiny_model("llama")
-    quantize_model(own, weight_only=True, fuse=False, progress=False)
+
+@pytest.mark.parametrize("fmt, mode", [("modelopt", "weight_only"), ("modelopt", "static"),
+                                       ("compressed-tensors", "weight_only"), ("compressed-tensors", "static")])
+def test_from_pretrained_fuses_groups_with_own_scales(tmp_path, caplog, fmt, mode):
+    """A checkpoint whose q/k/v and gate/up parts have their own weight scales (both formats' layouts, as
+    written by save_pretrained: ModelOpt's weight_scale_2, compressed-tensors' weight_global_scale) loads
+    fused with per-part alphas (logged at debug level): the logits bit for bit those of the same checkpoint
+    loaded unfused, and saving the fused model writes the checkpoint's bytes again."""
+    own = tiny_model("qwen2")
+    calib = token_ids(seed=5, batch=1, length=16)
+    quantize_model(own, weight_only=mode == "weight_only", fuse=False, progress=False,
+                   calibrate=(lambda m: m(calib)) if mode == "static" else None)
     with pytest.warns(UserWarning, match="different per-tensor scales"):
-        nvfp4_gemm.save_pretrained(own, tmp_path / "own", progress=False)
+        nvfp4_gemm.save_pretrained(own, tmp_path / "own", format=fmt, progress=False)
     with caplog.at_level(logging.DEBUG, logger="nvfp4_gemm.fused"):
         loaded = nvfp4_gemm.from_pretrained(tmp_path / "own", progress=False)
-    assert not any(isinstance(m, FusedNVFP4Linear) for m in loaded.modules())
-    assert "weight_scale_2 differ" in caplog.text and "k_proj" in caplog.text
-    assert torch.equal(logits(loaded, ids), logits(own, ids))
+    parts = [m for m in loaded.modules() if isinstance(m, FusedNVFP4Linear)]
+    assert len(parts) == LAYERS * 5 and all(p._group.valid and p._group.own_alphas for p in parts)
+    assert "weight_scale_2 differ" in caplog.text and "self_attn" in caplog.text
+    attn = loaded.model.layers[0].self_attn
+    assert float(attn.q_proj.weight_scale_2) != float(attn.k_proj.weight_scale_2)
+    assert (attn.q_proj.input_scale is not None) == (mode == "static")
+    unfused = nvfp4_gemm.from_pretrained(tmp_path / "own", progress=False, fuse=False)
+    ids = token_ids()
+    want = logits(unfused, ids)
+    assert torch.equal(logits(loaded, ids), want) and torch.equal(logits(own, ids), want)
+    with pytest.warns(UserWarning, match="different per-tensor scales"):
+        nvfp4_gemm.save_pretrained(loaded, tmp_path / "again", format=fmt, progress=False)
+    assert filecmp.cmp(tmp_path / "own" / "model.safetensors", tmp_path / "again" / "model.safetensors",
+                       shallow=False)
 
 
 def test_from_pretrained_quantize_on_load_fuses_after_calibration(tmp_path):
@@ -400,6 +631,10 @@ def test_changed_scales_unfuse_until_refused(caplog):
     plain.model.layers[1].mlp.up_proj.weight_scale_2.mul_(2)
     assert torch.equal(logits(model, ids), logits(plain, ids))
     assert not model.model.layers[1].mlp.up_proj._group.valid
+    # fused again, now with per-part alphas (gate's and up's weight scales differ by the factor 2)
+    assert fuse_projections(model) == 2 * LAYERS
+    assert model.model.layers[1].mlp.up_proj._group.own_alphas
+    assert torch.equal(logits(model, ids), logits(plain, ids))
 
 
 def test_per_block_dynamic_layers_stay_unfused():
@@ -477,6 +712,43 @@ def test_cuda_graph_capture_of_a_fused_model(mode):
     torch.cuda.synchronize()
     assert torch.equal(out, want)
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_cuda_groups_with_own_scales(mode, dtype):
+    """On the GPU: per-part-alpha groups give the unfused logits (bit for bit where the fused N runs the same
+    kernel configuration, to rounding otherwise: test_linear_parts_equal_each_part_alone holds the epilogue
+    bit for bit), and a CUDA graph of the fused forward replays the eager logits exactly (attention on the
+    math sdpa backend: test_cuda_graph_capture_of_a_fused_model says why)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model, plain = own_scales_pair("qwen2", mode, dtype)
+    model.cuda()
+    plain.cuda()
+    ids = token_ids().cuda()
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        want = logits(plain, ids)
+        got = logits(model, ids)
+        assert torch.isfinite(got).all()
+        # (a one-ulp difference in a GEMM output can move later fp16 / bf16 roundings: the logits' norm)
+        rel = float((got.float() - want.float()).norm() / want.float().norm())
+        assert rel < 1e-2, rel
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(ids, use_cache=False).logits
+        out.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
+    assert all(p._group.own_alphas and p._group.slot is None
+               for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
 
 @pytest.mark.parametrize("method, mode", [("rtn", "dynamic"), ("rtn", "static"), ("mse", "weight_only"),
