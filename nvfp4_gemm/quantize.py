@@ -21,9 +21,13 @@ and a value decodes as e2m1(code) * float(s8) / gs. Conventions:
   mm then gives NaN exactly in the outputs that use that block (SPEC.md). +-inf saturates: scale 448, the inf element +-6, so it decodes
   to +-2688 / gs and the rest of its block to (almost always) +-0. No input crashes.
   * global_scale may be a Python float or a one-element float32 tensor on x's device (read there: no host
-  sync, CUDA-graph safe). It must be positive and finite for the output to mean anything.
+  sync, CUDA-graph safe). It must be positive and finite: a Python float or a CPU tensor that is not is
+  refused with an error naming it; a CUDA tensor is not read by the host, so there every block gets the NaN
+  scale (0x7F) instead and everything computed from the result is NaN, never silently zero or sign-flipped.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -47,7 +51,11 @@ def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) 
     corner cases. Runs on x's device (CUDA kernel for SM >= 8.0, or the CPU); both agree bit for bit.
     """
     if global_scale is not None and not isinstance(global_scale, torch.Tensor):
-        global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
+        gs = float(global_scale)
+        if not (0.0 < gs < math.inf):
+            raise ValueError(f"nvfp4_gemm.quantize: global_scale must be positive and finite (the ENCODE scale, "
+                             f"2688 / amax for the usual per-tensor amax), got {gs}")
+        global_scale = torch.full((1,), gs, dtype=torch.float32, device=x.device)
     return torch.ops.nvfp4_gemm.quantize.default(x, global_scale)
 
 
@@ -106,6 +114,8 @@ def reference_quantize(x: torch.Tensor, global_scale: torch.Tensor | float | Non
     xa = x.to(torch.float32).abs().reshape(rows, -1, SF_VEC)
     amax = xa.amax(dim=-1)  # propagates NaN
     s8 = _e4m3_rn_sat_bits(amax / 6.0 * gs)
+    usable = (gs > 0) & (gs <= torch.finfo(torch.float32).max)  # else every block's scale is NaN (recipe.h)
+    s8 = torch.where(usable, s8, torch.full_like(s8, 0x7F))
     sf = s8.view(torch.float8_e4m3fn).to(torch.float32)
     inv = torch.where(sf > 0, gs / sf, torch.zeros_like(sf))
     q = xa * inv.unsqueeze(-1)

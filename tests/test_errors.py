@@ -214,3 +214,59 @@ def test_quantize_mse_refuses_bad_global_scale(backend, gs):
     x = torch.randn(8, 64, device=device)
     with pytest.raises(RuntimeError, match=r"quantize_mse: global_scale must be positive and finite"):
         torch.ops.nvfp4_gemm.quantize_mse(x, torch.tensor([gs], device=device))
+
+
+# ---------------------------------------------------------------------- quantize's and linear's per-tensor scales
+
+BAD_SCALES = [-1.0, -0.0, 0.0, float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("gs", BAD_SCALES)
+def test_quantize_bad_global_scale(backend, gs):
+    """An encode scale that is not positive and finite made sign-bit block scales and zero codes (or all-448
+    scales): a result that decodes to zeros or sign-flipped values. A Python float (any device) and a CPU
+    tensor are refused by name; a CUDA tensor is not read by the host, so every block scale is NaN there."""
+    _, device = backend
+    x = torch.randn(130, 64, device=device)
+    with pytest.raises(ValueError, match=r"quantize: global_scale must be positive and finite .* got "):
+        nvfp4_gemm.quantize(x, gs)
+    t = torch.tensor([gs], device=device)
+    if device.type == "cpu":
+        with pytest.raises(RuntimeError, match=r"quantize: global_scale must be positive and finite .* got "):
+            nvfp4_gemm.quantize(x, t)
+        return
+    packed, sf = nvfp4_gemm.quantize(x, t)
+    ref_packed, ref_sf = nvfp4_gemm.reference_quantize(x, t)
+    real = nvfp4_gemm.from_blocked(sf, 130, 64).view(torch.uint8)
+    assert torch.all(real == 0x7F), real.unique()
+    assert torch.equal(sf.view(torch.uint8), ref_sf.view(torch.uint8)) and torch.equal(packed, ref_packed)
+    assert torch.isnan(nvfp4_gemm.dequantize(packed, sf, 64, torch.float32)).all()
+
+
+@pytest.mark.parametrize("gs", BAD_SCALES)
+def test_reference_quantize_bad_global_scale_gives_nan_scales(gs):
+    """The plain-PyTorch definition follows the same rule as the kernels (every block scale NaN)."""
+    _, sf = nvfp4_gemm.reference_quantize(torch.randn(4, 32), torch.tensor([gs]))
+    assert torch.all(nvfp4_gemm.from_blocked(sf, 4, 32).view(torch.uint8) == 0x7F)
+
+
+@pytest.mark.parametrize("name", ["weight_scale_2", "input_scale"])
+@pytest.mark.parametrize("value", [0.0, -0.5, float("nan"), float("inf")])
+def test_linear_bad_decode_scale(backend, name, value):
+    """linear with a per-tensor decode scale that is not positive and finite: refused by name on the CPU; on
+    CUDA (scales not read by the host) a bad input_scale gives NaN outputs, never plausible numbers."""
+    _, device = backend
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 128, generator=g)
+    ws2 = (w.abs().amax() / 2688.0).reshape(1)
+    packed, sf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+    args = dict(x=torch.randn(3, 128, generator=g).to(device), weight=packed.to(device), weight_scale=sf.to(device),
+                weight_scale_2=ws2.to(device), input_scale=torch.tensor([0.01]).to(device))
+    args[name] = torch.tensor([value], device=device)
+    if device.type == "cpu":
+        with pytest.raises(RuntimeError, match=rf"linear: {name} must be positive and finite .* got "):
+            nvfp4_gemm.linear(**args)
+        with pytest.raises(RuntimeError, match=rf"_input_scales: {name} must be positive and finite"):
+            torch.ops.nvfp4_gemm._input_scales(args["x"], args["weight_scale_2"], args["input_scale"])
+    elif name == "input_scale":
+        assert torch.isnan(nvfp4_gemm.linear(**args)).all()

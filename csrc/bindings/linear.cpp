@@ -66,6 +66,15 @@ float finite_amax_cpu(const at::Tensor& x) {
   }
 }
 
+// A per-tensor DECODE scale on the CPU is read for free: one that is not positive and finite is refused by
+// name. (On CUDA the scales stay on the device, unread by the host: there a bad input_scale gives NaN outputs,
+// recipe.h's block_scale; the loaders and NVFP4Linear's constructors refuse bad scales before any call.)
+void check_decode_scale_cpu(const char* op, const at::Tensor& t, const char* name) {
+  const float v = *t.data_ptr<float>();
+  TORCH_CHECK(quant::usable_encode_scale(v), op, ": ", name, " must be positive and finite (a per-tensor DECODE "
+              "scale), got ", v);
+}
+
 // [encode, decode, alpha] of x (contiguous) on the CPU.
 at::Tensor input_scales_cpu(const at::Tensor& x, const at::Tensor& weight_scale_2,
                             const std::optional<at::Tensor>& input_scale) {
@@ -84,6 +93,8 @@ at::Tensor input_scales_cpu(const at::Tensor& x, const at::Tensor& weight_scale_
 at::Tensor input_scales_op_cpu(const at::Tensor& x, const at::Tensor& weight_scale_2,
                                const std::optional<at::Tensor>& input_scale) {
   check_input_scales_inputs(x, weight_scale_2, input_scale);
+  check_decode_scale_cpu("nvfp4_gemm._input_scales", weight_scale_2, "weight_scale_2");
+  if (input_scale.has_value()) check_decode_scale_cpu("nvfp4_gemm._input_scales", *input_scale, "input_scale");
   return input_scales_cpu(x.contiguous(), weight_scale_2, input_scale);
 }
 
@@ -91,6 +102,8 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::T
                       const at::Tensor& weight_scale_2, const std::optional<at::Tensor>& input_scale,
                       const std::optional<at::Tensor>& bias, bool weight_only) {
   const LinearShape s = check_linear_inputs(x, weight, weight_scale, weight_scale_2, input_scale, bias, weight_only);
+  check_decode_scale_cpu("nvfp4_gemm.linear", weight_scale_2, "weight_scale_2");
+  if (input_scale.has_value()) check_decode_scale_cpu("nvfp4_gemm.linear", *input_scale, "input_scale");
   const at::Tensor x2 = rows_for_kernels(x, s.k);
   at::Tensor y;
   if (weight_only) {

@@ -74,6 +74,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x_in, const st
   if (s.rows == 0) return {packed, sf};
   const at::Tensor x = x_in.contiguous();
   const float gs = global_scale.has_value() ? global_scale->item<float>() : 1.0f;
+  TORCH_CHECK(quant::usable_encode_scale(gs), "nvfp4_gemm.quantize: global_scale must be positive and finite (the "
+              "ENCODE scale, 2688 / amax for the usual per-tensor amax), got ", gs);
   uint8_t* p = packed.data_ptr<uint8_t>();
   uint8_t* f = static_cast<uint8_t*>(sf.data_ptr());
   switch (x.scalar_type()) {

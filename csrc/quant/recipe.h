@@ -144,7 +144,17 @@ NVFP4_HD float e4m3_value(uint8_t b) {
 }
 
 // The block's e4m3 scale from its amax (>= 0 or NaN) and the encode scale.
-NVFP4_HD uint8_t block_scale(float amax, float gs) { return e4m3_rn_sat(mul_rn(div_rn(amax, 6.0f), gs)); }
+//
+// A usable encode scale is positive and finite. Any other (0, -0, negative, inf, NaN: a caller's bad value,
+// or the reciprocal of a zero or NaN static input scale) gives every block the NaN scale 0x7F, so that every
+// value decoded from it, and every mm output that uses it, is NaN: loud, never silently zero or sign-flipped.
+// (The CPU entry points refuse such a scale with an error first; a CUDA scale tensor is read on the device,
+// without a host sync, so there this is what the caller sees.)
+NVFP4_HD bool usable_encode_scale(float gs) { return gs > 0.0f && gs <= 3.40282346638528859812e+38f; }
+
+NVFP4_HD uint8_t block_scale(float amax, float gs) {
+  return usable_encode_scale(gs) ? e4m3_rn_sat(mul_rn(div_rn(amax, 6.0f), gs)) : uint8_t{0x7F};
+}
 
 // What each |x| of the block is multiplied by before rounding to e2m1.
 NVFP4_HD float value_multiplier(uint8_t s8, float gs) {
