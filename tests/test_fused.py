@@ -111,6 +111,24 @@ class CountGemms:
         monkeypatch.setattr(fused_mod, "linear_parts", counted_parts)
 
 
+def replayed_logits(model, ids) -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
+    """The model's forward captured in a CUDA graph (after a warm-up on a side stream, as bench_generate
+    does), its output poisoned, then one replay: the logits the replay wrote (synchronized), and the graph
+    (the caller keeps it alive while it reads them)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model(ids, use_cache=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(ids, use_cache=False).logits
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out, graph
+
+
 def logits(model, ids) -> torch.Tensor:
     with torch.no_grad():
         return model(ids, use_cache=False).logits
@@ -699,17 +717,7 @@ def test_cuda_graph_capture_of_a_fused_model(mode):
     ids = token_ids().cuda()
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         want = model(ids, use_cache=False).logits.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            model(ids, use_cache=False)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = model(ids, use_cache=False).logits
-        out.fill_(float("nan"))
-        graph.replay()
-    torch.cuda.synchronize()
+        out, _graph = replayed_logits(model, ids)
     assert torch.equal(out, want)
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
@@ -735,17 +743,7 @@ def test_cuda_groups_with_own_scales(mode, dtype):
         # (a one-ulp difference in a GEMM output can move later fp16 / bf16 roundings: the logits' norm)
         rel = float((got.float() - want.float()).norm() / want.float().norm())
         assert rel < 1e-2, rel
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            model(ids, use_cache=False)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = model(ids, use_cache=False).logits
-        out.fill_(float("nan"))
-        graph.replay()
-    torch.cuda.synchronize()
+        out, _graph = replayed_logits(model, ids)
     assert torch.equal(out, got)
     assert all(p._group.own_alphas and p._group.slot is None
                for p in model.modules() if isinstance(p, FusedNVFP4Linear))
