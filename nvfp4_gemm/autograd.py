@@ -113,9 +113,13 @@ def grad_input(dy: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
         acc = torch.mm(dy, decode_weight(weight, weight_scale, dy.dtype), out_dtype=torch.float32)
     else:
         acc = torch.mm(dy.to(torch.float32), decode_weight(weight, weight_scale, torch.float32))
-    if alpha is not None:
-        acc = acc * alpha.reshape(()).to(torch.float32)
-    return acc.to(dtype)
+    if alpha is None:
+        return acc.to(dtype)
+    # The fp32 product rounded to `dtype` as it is stored: one pass over the fp32 result instead of two (a
+    # multiply into a second fp32 tensor, then a cast); the same bits (TensorIterator multiplies in fp32,
+    # the common dtype, and rounds on the store).
+    out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+    return torch.mul(acc, alpha.reshape(()).to(torch.float32), out=out)
 
 
 def _refuse_frozen(op: str, named: tuple[tuple[str, torch.Tensor | None], ...]) -> None:
