@@ -32,47 +32,12 @@ go straight to the device kernel when no gradient is asked for (call_linear, cal
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .formats import SF_VEC, from_blocked
+from .formats import dequantize
 
 # The exact decode op (csrc), and the device types it runs on.
 _DECODE_OP = torch.ops.nvfp4_gemm._decode.default
 _DECODE_OP_DEVICES = ("cpu", "cuda", "meta")
-# decode_weight_torch: values decoded per chunk, bounding the transient int32 index (2^24 values: 32 MiB).
-_DECODE_CHUNK = 1 << 24
-_PAIR_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
-# The word type holding a pair of decoded values, per value dtype: the table is gathered as one word per byte.
-_PAIR_WORD = {torch.float16: torch.int32, torch.bfloat16: torch.int32, torch.float32: torch.int64}
-
-
-def _make_pair_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """[256] words: a packed byte -> (value of its low nibble, value of its high nibble) in `dtype`, as one
-    word, built on the device from the bit formula (no host-to-device copy: capturable in a CUDA graph)."""
-    byte = torch.arange(256, dtype=torch.int32, device=device)
-    codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
-    mag, exp = (codes & 1).to(torch.float32), ((codes >> 1) & 3).to(torch.float32)
-    # e2m1: exponent 0 is the subnormal m * 0.5; else (1 + m / 2) * 2^(e - 1) = (2 + m) * 2^(e - 2).
-    value = torch.where(exp == 0, mag * 0.5, (2.0 + mag) * torch.exp2(exp - 2.0))
-    value = torch.where(codes >= 8, -value, value)  # code 8 is -0.0
-    return value.to(dtype).view(_PAIR_WORD[dtype]).reshape(256)
-
-
-def _pair_lut(device: torch.device, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
-    # Cached only when built eagerly from real tensors: under tracing (torch.compile, fake or functional
-    # tensors, a dispatch mode) it is part of the graph, and under CUDA-graph capture its kernels would not
-    # have run yet when a later eager call read it.
-    if (type(like) is not torch.Tensor or torch.compiler.is_compiling()
-            or _get_current_dispatch_mode() is not None
-            or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
-        return _make_pair_lut(device, dtype)
-    key = (device, dtype)
-    lut = _PAIR_LUTS.get(key)
-    if lut is None:
-        lut = _PAIR_LUTS[key] = _make_pair_lut(device, dtype)
-    return lut
 
 
 def decode_weight(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -81,29 +46,11 @@ def decode_weight(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch
     scale: the same numbers as `formats.dequantize`, bit for bit. On the devices the op nvfp4_gemm::_decode
     has kernels for (CPU, CUDA; meta and fake tensors through its fake), that op: one output tensor and no
     other temporary (on CUDA a packed view the kernel cannot read in place, one with a stride along K or rows
-    not 8 bytes apart, is first copied contiguous); elsewhere decode_weight_torch."""
+    not 8 bytes apart, is first copied contiguous); elsewhere formats.dequantize (the forward has no kernel
+    there either)."""
     if weight.device.type in _DECODE_OP_DEVICES:
         return _DECODE_OP(weight, weight_scale, dtype)
-    return decode_weight_torch(weight, weight_scale, dtype)
-
-
-def decode_weight_torch(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """decode_weight in plain PyTorch ops, for any device: per row chunk, the bytes widened to int32 indices,
-    one gather of value pairs straight into the output, one in-place scale (memory: the output plus one
-    chunk's index, _DECODE_CHUNK values; ~20 bytes of traffic per packed byte against the kernel's ~5)."""
-    n, k = weight.shape[0], weight.shape[1] * 2
-    scales = from_blocked(weight_scale, n, k).view(torch.float8_e4m3fn).to(dtype)  # [N, K/16]
-    out = torch.empty((n, k), dtype=dtype, device=weight.device)
-    words = out.view(_PAIR_WORD[dtype])  # [N, K/2]: one word per packed byte
-    lut = _pair_lut(weight.device, dtype, weight)
-    packed = weight.view(torch.uint8)
-    step = max(1, _DECODE_CHUNK // max(k, 1))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        torch.index_select(lut, 0, packed[r0:r1].reshape(-1).to(torch.int32), out=words[r0:r1].view(-1))
-        # In place in `dtype`: e2m1 (2 significant bits) * e4m3 (4) fits float16's and bfloat16's 11 / 8 bits.
-        out[r0:r1].view(r1 - r0, k // SF_VEC, SF_VEC).mul_(scales[r0:r1].unsqueeze(-1))
-    return out
+    return dequantize(weight, weight_scale, weight.shape[1] * 2, dtype)
 
 
 def grad_input(dy: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, alpha: torch.Tensor | None,

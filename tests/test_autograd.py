@@ -123,11 +123,10 @@ def test_mm_weight_only_grad(backend, dtype, out_dtype):
     assert_grad_within_fp32(a.grad, dout.to(torch.float64), w64, dtype)
 
 
-def test_decode_weight_equals_dequantize(monkeypatch):
-    """The backward's decoders against formats.dequantize, every code and scale kind (zero, subnormal, NaN), each
-    output dtype: decode_weight (the op nvfp4_gemm::_decode on the CPU; tests/test_decode_op.py tests it in depth)
-    and the plain PyTorch one (a byte -> value-pair table, in row chunks) with one row per chunk and one chunk in
-    all. (The nan kind puts its NaN scales in sfa: a / sfa are the decoded operand.)"""
+def test_decode_weight_equals_dequantize():
+    """The backward's decoder against formats.dequantize, every code and scale kind (zero, subnormal, NaN), each
+    output dtype: decode_weight (the op nvfp4_gemm::_decode on the CPU; tests/test_decode_op.py tests it in
+    depth). (The nan kind puts its NaN scales in sfa: a / sfa are the decoded operand.)"""
     for scales in ("typical", "tiny", "nan"):
         inputs = make_inputs(Case(m=136, n=8, k=96, scales=scales), "cpu", seed=seed_of("decode", scales))
         packed, sf = inputs["a"], inputs["sfa"]
@@ -135,15 +134,12 @@ def test_decode_weight_equals_dequantize(monkeypatch):
         assert bool(torch.isnan(want).any()) == (scales == "nan")
         for dtype in (F16, BF16, F32):
             want = dequantize(packed, sf, 96, dtype)
-            for chunk in (96, 1 << 24, None):
-                monkeypatch.setattr(nvfp4_autograd, "_DECODE_CHUNK", chunk or 1 << 24)
-                decoder = nvfp4_autograd.decode_weight if chunk is None else nvfp4_autograd.decode_weight_torch
-                got = decoder(packed, sf, dtype)
-                assert got.dtype == dtype and got.shape == want.shape
-                same = (got == want) | (torch.isnan(got) & torch.isnan(want))
-                assert bool(same.all()), (scales, dtype, chunk)
-                # signed zeros too (code 8 is -0.0)
-                assert torch.equal(torch.signbit(got[~torch.isnan(got)]), torch.signbit(want[~torch.isnan(want)]))
+            got = nvfp4_autograd.decode_weight(packed, sf, dtype)
+            assert got.dtype == dtype and got.shape == want.shape
+            same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+            assert bool(same.all()), (scales, dtype)
+            # signed zeros too (code 8 is -0.0)
+            assert torch.equal(torch.signbit(got[~torch.isnan(got)]), torch.signbit(want[~torch.isnan(want)]))
 
 
 def test_frozen_buffer_requiring_grad_is_refused():

@@ -62,7 +62,6 @@ def test_decode_matches_dequantize_bit_for_bit(device, dtype):
             assert got.device.type == device
             want = dequantize(packed.cpu(), sf.cpu(), k, dtype)
             assert_same_bits(got, want, (scales, n, k, "dequantize"))
-            assert_same_bits(got, nvfp4_autograd.decode_weight_torch(packed, sf, dtype), (scales, n, k, "torch"))
             nans += int(torch.isnan(want).sum())
         assert (nans > 0) == (scales == "nan"), (scales, nans)
 
