@@ -111,6 +111,16 @@ class CountGemms:
         monkeypatch.setattr(fused_mod, "linear_parts", counted_parts)
 
 
+def assert_inductor_logits_equal(model, plain, ids) -> None:
+    """The fused model and its unfused copy, each compiled by inductor (fullgraph), give the same logits bit for
+    bit. (Not compared with eager's: inductor fuses the float ops around the GEMMs its own way.)"""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+        want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
+    assert torch.equal(got, want)
+
+
 def replayed_logits(model, ids) -> tuple[torch.Tensor, torch.cuda.CUDAGraph]:
     """The model's forward captured in a CUDA graph (after a warm-up on a side stream, as bench_generate
     does), its output poisoned, then one replay: the logits the replay wrote (synchronized), and the graph
@@ -300,12 +310,7 @@ def test_fused_under_torch_compile(family, mode, inductor):
     assert graphs == [FUSED_GEMMS, UNFUSED_GEMMS]
     assert torch.equal(got, want)
     if inductor:
-        torch._dynamo.reset()
-        with torch.no_grad():
-            got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
-            want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
-        # (not compared with eager's: inductor fuses the float ops around the GEMMs its own way)
-        assert torch.equal(got, want)
+        assert_inductor_logits_equal(model, plain, ids)
     torch._dynamo.reset()
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
@@ -344,11 +349,7 @@ def test_own_scales_under_torch_compile(family, mode, inductor):
     assert graphs == [(LAYERS * 2, FUSED_GEMMS - LAYERS * 2)]
     assert torch.equal(got, want)
     if inductor:
-        torch._dynamo.reset()
-        with torch.no_grad():
-            got = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
-            want = torch.compile(plain, fullgraph=True)(ids, use_cache=False).logits
-        assert torch.equal(got, want)
+        assert_inductor_logits_equal(model, plain, ids)
     torch._dynamo.reset()
     assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
 
