@@ -27,12 +27,14 @@ class Case:
     sf_view: str = "flat"        # flat | 2d | 6d
     scales: str = "typical"      # typical | tiny (zero + subnormal) | large (up to 448, overflow) | nan
     data_dtype: str = "uint8"    # uint8 | fp4x2
+    a_dtype: torch.dtype | None = None  # None: NVFP4 A; float16 / bfloat16: the weight-only form (sfa None)
 
     @property
     def id(self) -> str:
-        dt = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}[self.out_dtype]
+        names = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
         al = "" if self.alpha is None else f"-a{self.alpha:g}"
-        return f"{self.m}x{self.n}x{self.k}-{dt}{al}-{self.sf_view}-{self.scales}-{self.data_dtype}"
+        wo = "" if self.a_dtype is None else f"-wo{names[self.a_dtype]}"
+        return f"{self.m}x{self.n}x{self.k}-{names[self.out_dtype]}{al}-{self.sf_view}-{self.scales}-{self.data_dtype}{wo}"
 
 
 def _random_scales(rows: int, cols: int, kind: str, g: torch.Generator) -> torch.Tensor:
@@ -74,6 +76,10 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
     elif case.sf_view == "6d":
         sfa, sfb = permuted_view(sfa, m, k), permuted_view(sfb, n, k)
     alpha = None if case.alpha is None else torch.tensor([case.alpha], dtype=torch.float32, device=device)
+    if case.a_dtype is not None:  # the weight-only form: A's NVFP4 values as 16-bit activations (exact)
+        from .formats import dequantize
+
+        a, sfa = dequantize(a.view(torch.uint8), to_blocked(sfa_lin).to(device), k, case.a_dtype), None
     return dict(a=a, b=b, sfa=sfa, sfb=sfb, alpha=alpha, out_dtype=case.out_dtype)
 
 
@@ -256,6 +262,10 @@ PROBE_CASES = (
     Case(100, 264, 1056, torch.bfloat16, alpha=0.5),
     Case(300, 512, 2080, torch.float32, alpha=-0.75),
     Case(128, 4096, 7168, alpha=0.5),
+    # The weight-only form: the configs that take only 16-bit activations (sm90's K-sliced ones, K % 256 == 0)
+    # have these to run.
+    Case(5, 264, 768, alpha=-1.5, a_dtype=torch.float16),
+    Case(16, 4096, 4096, torch.bfloat16, a_dtype=torch.bfloat16),
 )
 CPU_PROBE_CASES = PROBE_CASES[:3]  # the last takes the CPU backend and reference seconds
 GENERIC_CONFIG = "decode+cublas"

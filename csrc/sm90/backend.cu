@@ -21,6 +21,7 @@
 #include "sm90/sm90_gemm.cuh"
 #include "sm90/quant_a.cuh"
 #include "sm90/sm90_small_m.cuh"
+#include "sm90/sm90_wk.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -38,6 +39,11 @@ NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
   extern template cudaError_t launch_small_m<T, KB, D, B, R, AType::kBFloat16>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
+#define NVFP4_SM90_WK_EXTERN(T, S, B)                                                    \
+  extern template cudaError_t launch_wk<T, S, B, Elem::kHalf>(const WkLaunch&); \
+  extern template cudaError_t launch_wk<T, S, B, Elem::kBf16>(const WkLaunch&);
+NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_EXTERN)
+#undef NVFP4_SM90_WK_EXTERN
 
 namespace {
 
@@ -53,7 +59,13 @@ using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
    &launch_small_m<T, KB, D, B, R, AType::kBFloat16>},
 constexpr SmallMLaunchFn kSmallMLaunch[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_LAUNCH)};
 #undef NVFP4_SM90_SMALL_M_LAUNCH
-static_assert(kNumWgmma + sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]) == kNumConfigs, "one launcher per config");
+constexpr int kNumSmallM = sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]);
+using WkLaunchFn = cudaError_t (*)(const WkLaunch&);
+#define NVFP4_SM90_WK_LAUNCH(T, S, B) {&launch_wk<T, S, B, Elem::kHalf>, &launch_wk<T, S, B, Elem::kBf16>},
+constexpr WkLaunchFn kWkLaunch[][2] = {NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_LAUNCH)};
+#undef NVFP4_SM90_WK_LAUNCH
+static_assert(kNumWgmma + kNumSmallM + sizeof(kWkLaunch) / sizeof(kWkLaunch[0]) == kNumConfigs,
+              "one launcher per config");
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
               "kSmallMLaunch's columns are AType values");
@@ -65,10 +77,13 @@ bool is_a16(const Problem& p) {
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
 #define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B, R) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R),
+#define NVFP4_SM90_WK_NAME_ENTRY(T, S, B) NVFP4_SM90_WK_NAME(T, S, B),
 constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
-                                            NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)};
+                                            NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)
+                                                NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_NAME_ENTRY)};
 #undef NVFP4_SM90_NAME_ENTRY
 #undef NVFP4_SM90_SMALL_M_NAME_ENTRY
+#undef NVFP4_SM90_WK_NAME_ENTRY
 static_assert(sizeof(kConfigNames) / sizeof(kConfigNames[0]) == kNumConfigs, "one name per config");
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
@@ -218,6 +233,21 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
   const cuuint32_t elem_strides[2] = {1, 1};
   return fn(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The prepared layout (Problem::b_tiled) as [tiles][128 rows][128 bytes], one (row block, 256-K block) tile a
+// box: the box lands in shared memory exactly as the 2-D map's {128, 128} box over row-major B does.
+bool encode_prepared_b(CUtensorMap* map, const uint8_t* base, int64_t n, int64_t k) {
+  EncodeTiledFn fn = encode_tiled();
+  if (!fn) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kTileBytes), static_cast<cuuint64_t>(kTileRows),
+                              static_cast<cuuint64_t>((n / kTileRows) * (k / (2 * kTileBytes)))};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kTileBytes), static_cast<cuuint64_t>(kTileRows * kTileBytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kTileBytes), static_cast<cuuint32_t>(kTileRows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, elem_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
@@ -408,6 +438,118 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   return true;
 }
 
+// Experiments only (benchmarks/diagnostics/wk_layout.py): NVFP4_GEMM_SM90_WK_TILED=1 makes the K-sliced
+// kernel read a 2-D b as holding the prepared layout's bytes, to time both layouts before the binding
+// passes prepared weights. Read once; never set it for real use.
+bool wk_tiled_experiment() {
+  static const bool on = [] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_WK_TILED");
+    return env && env[0] == '1';
+  }();
+  return on;
+}
+bool wk_reads_tiled(const Problem& p) { return p.b_tiled || wk_tiled_experiment(); }
+
+// K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
+struct WkPlan {
+  int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
+  int64_t partial_bytes = 0, counter_bytes = 0;
+};
+
+WkPlan make_wk_plan(const Problem& p, int config, int sms) {
+  const KernelConfig& c = kConfigs[config];
+  WkPlan pl;
+  pl.row_blocks = static_cast<int>(ceil_div(p.n, kWkRows));
+  pl.kblocks = static_cast<int>(p.k / kWkK);
+  // One wave of ctas_per_sm CTAs per SM where N allows: as many K splits as fit beside the row blocks.
+  const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
+  int64_t kb = ceil_div(pl.kblocks, splits_fit);
+  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  const int64_t slot_bytes = int64_t{kWkRows} * c.tokens * 4;
+  const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
+  const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
+  int64_t splits = std::min(ceil_div(pl.kblocks, kb), max_splits);
+  kb = ceil_div(pl.kblocks, splits);  // spread evenly: the last split is at most one stage short
+  splits = ceil_div(pl.kblocks, kb);
+  pl.kb = static_cast<int>(kb);
+  pl.splits = static_cast<int>(splits);
+  if (splits > 1) {
+    pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
+    pl.counter_bytes = counters;
+  }
+  return pl;
+}
+
+bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
+            size_t err_len) {
+  const KernelConfig& c = kConfigs[config];
+  const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
+  if (ws_bytes < static_cast<size_t>(pl.partial_bytes + pl.counter_bytes) ||
+      (pl.partial_bytes && workspace == nullptr)) {
+    set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
+    return false;
+  }
+  WkLaunch l{};
+  WkParams& wp = l.params;
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  const bool ok = wk_reads_tiled(*p)
+                      ? encode_prepared_b(&wp.tmap_b, p->b, p->n, p->k)
+                      : encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
+                                  static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
+                                  CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!ok) {
+    set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
+    return false;
+  }
+  wp.b_tiled = wk_reads_tiled(*p);
+  wp.sfb = p->sfb;
+  wp.alpha = p->alpha;
+  wp.alpha2 = p->alpha2;
+  wp.partial = pl.partial_bytes ? reinterpret_cast<float*>(ws) : nullptr;
+  wp.counters = pl.partial_bytes ? reinterpret_cast<uint32_t*>(ws + pl.partial_bytes) : nullptr;
+  wp.ldc = p->ldc;
+  wp.n = static_cast<int>(p->n);
+  wp.k = static_cast<int>(p->k);
+  wp.sf_atoms = static_cast<int>(p->k / 64);
+  wp.kblocks = pl.kblocks;
+  wp.kb_per_cta = pl.kb;
+  wp.splits = pl.splits;
+  wp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
+  wp.out_dtype = p->out_dtype;
+  l.row_blocks = pl.row_blocks;
+  l.stream = stream;
+  const bool bf16 = p->a_type == AType::kBFloat16;
+  const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
+  // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each.
+  for (int64_t r0 = 0; r0 < p->m; r0 += c.tokens) {
+    const int64_t rows = std::min<int64_t>(c.tokens, p->m - r0);
+    if (!encode_2d(&wp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                   p->a + r0 * p->lda, static_cast<uint64_t>(p->k), static_cast<uint64_t>(rows),
+                   static_cast<uint64_t>(p->lda), 64, static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
+      set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for A");
+      return false;
+    }
+    wp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
+    wp.m = static_cast<int>(rows);
+    if (wp.splits > 1) {  // the kernel overlaps this one (programmatic dependent launch), see sm90_wk.cuh
+      if (const cudaError_t z = consumed(launch_zero_counters(wp.counters, pl.row_blocks, stream)); z != cudaSuccess) {
+        if (err && err_len)
+          std::snprintf(err, err_len, "sm90 %s: launching the split-counter reset failed: %s", c.name,
+                        cudaGetErrorString(z));
+        return false;
+      }
+    }
+    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][bf16 ? 1 : 0](l));
+        e != cudaSuccess) {
+      if (err && err_len)
+        std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
+                      l.row_blocks, wp.splits, wk_smem_bytes(c.tokens, c.stages), cudaGetErrorString(e));
+      return false;
+    }
+  }
+  return true;
+}
+
 bool supports_sm(int32_t sm) { return sm == 90; }
 
 bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
@@ -427,6 +569,37 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
   }
   if (p->alpha2 != nullptr && p->alpha == nullptr) {
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
+    return false;
+  }
+  if (kConfigs[config].kind == Kind::kWarpK) {
+    if (!is_a16(*p)) {
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s takes float16 or bfloat16 a (the weight-only form)", kConfigs[config].name);
+      return false;
+    }
+    if (p->k % kWkK != 0 || p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s takes K %% 256 == 0, M <= 2^31 - 1 and N, K <= 2^30; got M=%lld N=%lld K=%lld",
+                      kConfigs[config].name, static_cast<long long>(p->m), static_cast<long long>(p->n),
+                      static_cast<long long>(p->k));
+      return false;
+    }
+    if (reinterpret_cast<uintptr_t>(p->sfb) % 16 != 0) {
+      set_msg(why, why_len, "sm90: sfb must be 16-byte aligned (bulk copies of the scale atoms)");
+      return false;
+    }
+    const int smem = wk_smem_bytes(kConfigs[config].tokens, kConfigs[config].stages);
+    if (dev && dev->smem_optin < smem) {
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s needs %d bytes of shared memory per block, the device allows %lld",
+                      kConfigs[config].name, smem, static_cast<long long>(dev->smem_optin));
+      return false;
+    }
+    return true;
+  }
+  if (p->b_tiled) {
+    if (why && why_len)
+      std::snprintf(why, why_len, "%s reads row-major b only, not the prepared layout", kConfigs[config].name);
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
@@ -503,9 +676,18 @@ bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
          pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
 }
 
+// configs.h, kWkPick: the K-sliced kernel where each of its CTAs streams a long K range.
+bool prefers_wk(const Problem& p, const DeviceInfo* dev) {
+  const int wk = config_index(kWkPick);
+  if (wk < 0 || p.m < kWkMinM || p.m > kWkMaxM || !can_run(&p, wk, dev, nullptr, 0)) return false;
+  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  return make_wk_plan(p, wk, sms).kb >= kWkMinStages;
+}
+
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
+  if (prefers_wk(*p, dev)) return config_index(kWkPick);
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
@@ -519,6 +701,10 @@ size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) 
     const SmallMPlan pl = make_small_m_plan(*p, config, sms);
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
   }
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
+    const WkPlan pl = make_wk_plan(*p, config, sms);
+    return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
+  }
   const Plan pl = make_plan(*p, config, sms);
   return static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
 }
@@ -530,6 +716,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].kind == Kind::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
   const int sms = num_sms_of_current_device();
   const Plan pl = make_plan(*p, config, sms);
   if (ws_bytes < static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes) || workspace == nullptr) {
@@ -776,6 +963,10 @@ const char* dispatch_rules() {
       t += line;
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
+      if (r.m_max >= kWkMinM && lo <= kWkMaxM)  // configs.h, kWkPick
+        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for 16-bit a at M " +
+             std::to_string(kWkMinM) + ".." + std::to_string(kWkMaxM) + " where each CTA streams >= " +
+             std::to_string(kWkMinStages) + " stages of K (K % 256 == 0)";
       if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
         t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
              " would run unsplit and it holds every row block in one wave";

@@ -45,9 +45,16 @@
   X(16, 7, 0, 2, 2)                   \
   X(32, 6, 3, 2, 0)
 
+// The K-sliced kernel (sm90_wk.cuh): 128 B rows per CTA, 256-K stages through a TMA pipeline, each stage's K
+// split across the 8 consumer warps; weight-only (fp16 / bf16 A) with K % 256 == 0.
+// X(TOKENS, STAGES, CTAS_PER_SM): stage bytes = 16 KB of B + 2 KB of scales + TOKENS x 512 of A.
+#define NVFP4_SM90_WK_CONFIGS(X) \
+  X(8, 4, 2)                     \
+  X(16, 4, 2)
+
 namespace nvfp4_gemm::sm90 {
 
-enum class Kind : int { kWgmma = 0, kSmallM = 1 };
+enum class Kind : int { kWgmma = 0, kSmallM = 1, kWarpK = 2 };
 
 struct KernelConfig {
   const char* name;
@@ -61,13 +68,18 @@ struct KernelConfig {
 
 #define NVFP4_SM90_NAME(T, KT, S, B) "sm90_nvfp4_w128xt" #T "xk" #KT "_s" #S "_b" #B "_ws_rs"
 #define NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R) "sm90_nvfp4_smallm_w128xt" #T "_kb" #KB "_d" #D "_b" #B "_r" #R "_mma16816"
+#define NVFP4_SM90_WK_NAME(T, S, B) "sm90_nvfp4_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
 #define NVFP4_SM90_ENTRY(T, KT, S, B) KernelConfig{NVFP4_SM90_NAME(T, KT, S, B), Kind::kWgmma, T, KT, S, B},
 #define NVFP4_SM90_SMALL_M_ENTRY(T, KB, D, B, R) KernelConfig{NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R), Kind::kSmallM, T, KB, D, B, R},
-// wgmma entries first, then the small-M ones: indices are what select / run / NVFP4_GEMM_CONFIG use.
+#define NVFP4_SM90_WK_ENTRY(T, S, B) KernelConfig{NVFP4_SM90_WK_NAME(T, S, B), Kind::kWarpK, T, 256, S, B},
+// wgmma entries first, then the small-M ones, then the K-sliced ones: indices are what select / run /
+// NVFP4_GEMM_CONFIG use.
 inline constexpr KernelConfig kConfigs[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_ENTRY)
-                                                NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_ENTRY)};
+                                                NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_ENTRY)
+                                                    NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_ENTRY)};
 #undef NVFP4_SM90_ENTRY
 #undef NVFP4_SM90_SMALL_M_ENTRY
+#undef NVFP4_SM90_WK_ENTRY
 inline constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 
@@ -97,6 +109,15 @@ inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 // row block in one wave, the 16-token (ring) config runs instead: it stages only the live tokens and streams
 // B through its shared-memory ring (29.2-31.5 vs 34.4-34.6 us at (1, 28672, 4096), above).
 inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
+
+// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form at M kWkMinM..kWkMaxM where its plan gives
+// every CTA at least kWkMinStages stages of K (few or no splits). Measured (H100, docs/NOTES.md "v5", weight-only
+// fp16, graph per call, same run): 16 tokens, (16, 28672, 4096) unsplit 35.5 us vs 51.9 for the ring config,
+// (16, 4096, 14336) 8 splits of 7 stages 24.6 vs 26.3; but (16, 6144, 4096) 4 splits of 4 stages 17.0 vs 15.7 and
+// (16, 4096, 4096) 8 of 2 stages 12.8 vs 12.2. At M = 1 its 8-token config is within 2% of the landed kernels.
+inline constexpr Pick kWkPick{Kind::kWarpK, 16};
+inline constexpr int64_t kWkMinM = 9, kWkMaxM = 16;
+inline constexpr int kWkMinStages = 6;
 
 struct DispatchRow {
   int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left

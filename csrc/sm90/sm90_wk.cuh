@@ -1,0 +1,341 @@
+// Hopper NVFP4 GEMM for decode-size M (weight-only form: fp16 / bf16 activations x NVFP4 weights), with the
+// K of each pipeline stage split across the CTA's warps. Torch-free.
+//
+// Why another small-M kernel (docs/NOTES.md, v4 and v5): the streaming kernel of sm90_small_m.cuh gives each
+// warp whole K blocks of 16 weight rows, so at 16 tokens each warp waits on its own decode -> MMA chain with
+// the CTA's A staged for its whole K range (latency-bound: 0.36 instructions issued per scheduler and cycle).
+// Here a CTA owns 128 weight rows and walks K in 256-wide stages; warp (row group rg, K slice ks) takes 64
+// rows x 64 K of every stage, so one activation fragment feeds 4 MMA row tiles, A and B move together
+// through one pipeline (A's shared memory no longer grows with the K range), and the 4 K slices are summed
+// in shared memory at the end, in slice order.
+//
+// Data movement: one producer warp (one elected thread) issues, per stage, one TMA box of B (128 rows x 128
+// bytes, SWIZZLE_128B), one 2 KB bulk copy of the stage's four scale atoms (the blocked layout keeps them
+// contiguous) and four TMA boxes of A (TOKENS rows x 64 K each, SWIZZLE_128B), all completing on the stage's
+// full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads either
+// the row-major [N, K/2] bytes (a 2-D map) or the prepared layout (Problem::b_tiled, a 3-D map over
+// [tiles][128][128]): the shared-memory image is the same, so is everything after it. The prepared layout is
+// what makes a stage one contiguous 16 KB read in DRAM.
+//
+// Fragments (mma.sync m16n8k16; B rows are the MMA's M side, tokens its N side): lane (g, tig) of warp
+// (rg, ks) owns scale group ks*4 + tig of the stage, i.e. bytes [32 ks + 8 tig, +8) of a row: 16 elements
+// e0..e15 in one 8-byte shared load. decode_word turns a 32-bit word into the pairs {e0,e4} {e1,e5} {e2,e6}
+// {e3,e7}; MMA step s (0..3) of the stage takes pairs 2(s%2), 2(s%2)+1 of word s/2 as its k = 2tig.. and
+// k = 2tig+8.. fragments. The activations take the same permutation (pair_like_decode), so every k index of
+// the MMA multiplies matching elements: a sum over the stage's 256 K in another order than the natural one,
+// the same for every call (bitwise deterministic). Fragment row g of row tile mt is CTA row
+// rg*64 + mt*16 + sigma(g) (and + 8), sigma(g) = 2 (g % 4) + g / 4, so that the 8-byte loads of a half warp
+// hit 16 distinct bank pairs under the 128-byte swizzle.
+//
+// Numerics: B decodes to e2m1 * e4m3 * 2^-7 in A's type (BDecode: exact in fp16 and bf16), A is taken as
+// it is, products are exact in fp32 and summed in fp32; the epilogue multiplies 2^7 * alpha and rounds once.
+//
+// Split-K over CTAs: (row block, split) CTAs each write their fp32 [TOKENS][128] tile to the workspace; the
+// last to arrive (atomic counter) sums them in split order and writes C. The counters are zeroed by the
+// one-block kernel launched just ahead of this grid (backend.cu, zero_counters_kernel), as for the
+// streaming kernel.
+//
+// Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stages' B
+// and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
+// the workspace and the counters, come after it.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm80.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include <type_traits>
+
+#include "common/problem.h"
+#include "sm90/fp4_decode.cuh"
+#include "sm90/per_device.h"
+
+namespace nvfp4_gemm::sm90 {
+
+inline constexpr int kWkConsumers = 256;                 // 8 consumer warps
+inline constexpr int kWkThreads = kWkConsumers + 32;     // + the producer warp
+inline constexpr int kWkRows = 128;                      // B rows per CTA
+inline constexpr int kWkK = 256;                         // K per stage
+inline constexpr int kWkBBytes = kWkRows * kWkK / 2;     // 16 KB of packed B per stage
+inline constexpr int kWkSfBytes = 4 * kSfAtomBytes;      // the stage's 4 scale atoms, 2 KB
+inline constexpr int kWkRedStride = 128 + 4;             // floats per token row of the K-slice sums (banks)
+
+constexpr int wk_a_bytes(int tokens) { return tokens * kWkK * 2; }
+constexpr int wk_stage_bytes(int tokens) { return kWkBBytes + kWkSfBytes + wk_a_bytes(tokens); }
+constexpr int wk_red_bytes(int tokens) { return 4 * tokens * kWkRedStride * 4; }
+constexpr int wk_smem_bytes(int tokens, int stages) {
+  const int pipe = stages * wk_stage_bytes(tokens);
+  return (pipe > wk_red_bytes(tokens) ? pipe : wk_red_bytes(tokens)) + 2 * stages * 8 + 1024;
+}
+
+struct WkParams {
+  CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}, SWIZZLE_128B
+  CUtensorMap tmap_b;   // B: row-major [N][K/2] bytes, box {128, 128}; or prepared [tiles][128][128], box {128, 128, 1}
+  const uint8_t* sfb;   // blocked scales of B (16-byte aligned)
+  const float* alpha;   // nullptr: 1
+  const float* alpha2;  // nullptr, or a second factor of alpha
+  void* c;              // [m][ldc] of out_dtype (rows of this launch)
+  float* partial;       // [row blocks][splits][TOKENS][128] fp32, when splits > 1
+  uint32_t* counters;   // [row blocks], zero at launch when splits > 1
+  int64_t ldc;
+  int m, n, k;
+  int sf_atoms;         // K/64: scale atoms per row block
+  int kblocks;          // K / 256
+  int kb_per_cta;       // stages per split (the last split may have fewer)
+  int splits;
+  bool b_tiled;
+  float out_mult;       // 2^7
+  OutDtype out_dtype;
+};
+
+struct WkLaunch {
+  WkParams params;
+  int row_blocks;
+  cudaStream_t stream;
+};
+
+// cp.async.bulk of `bytes` (a multiple of 16, 16-byte aligned both sides) completing on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          cute::cast_smem_ptr_to_uint(dst)),
+      "l"(src), "r"(bytes), "r"(cute::cast_smem_ptr_to_uint(bar))
+      : "memory");
+}
+
+template <Elem E>
+__device__ __forceinline__ void wk_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  using Atom = std::conditional_t<E == Elem::kBf16, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                                  cute::SM80_16x8x16_F32F16F16F32_TN>;
+  Atom::fma(d[0], d[1], d[2], d[3], a0, a1, a2, a3, b0, b1, d[0], d[1], d[2], d[3]);
+}
+
+template <typename T>
+__device__ __forceinline__ void wk_store(const WkParams& p, int token, int col, float v) {
+  if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
+}
+
+template <int TOKENS, int STAGES, int CTAS, Elem E>
+__global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_constant__ WkParams p) {
+  static_assert(TOKENS == 8 || TOKENS == 16, "one or two n-tiles of 8 tokens");
+  static_assert(CTAS * (wk_smem_bytes(TOKENS, STAGES) + 1024) <= 233472, "pipeline too large for CTAS per SM");
+  constexpr int NT = TOKENS / 8;
+  constexpr int kStage = wk_stage_bytes(TOKENS);
+  constexpr int kSfOff = kWkBBytes;
+  constexpr int kAOff = kWkBBytes + kWkSfBytes;  // 1024-aligned (SWIZZLE_128B's period)
+  constexpr int kABox = TOKENS * 128;            // one 64-K box of A
+  static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  using Dec = BDecode<E>;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (cute::cast_smem_ptr_to_uint(smem_raw) & 1023u)) & 1023u);
+  const int pipe_bytes = STAGES * kStage > wk_red_bytes(TOKENS) ? STAGES * kStage : wk_red_bytes(TOKENS);
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + pipe_bytes);
+  uint64_t* empty_bar = full_bar + STAGES;
+  __shared__ uint32_t s_last;
+
+  const int rb = blockIdx.x, split = blockIdx.y;
+  const int kb0 = split * p.kb_per_cta;
+  const int nkb = min(p.kb_per_cta, p.kblocks - kb0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      Barrier::init(&full_bar[s], 1);
+      EmptyBarrier::init(&empty_bar[s], kWkConsumers / 32);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp == kWkConsumers / 32) {  // the producer
+    if (lane == 0) {
+      cute::prefetch_tma_descriptor(&p.tmap_a);
+      cute::prefetch_tma_descriptor(&p.tmap_b);
+      const int64_t tiles_per_rb = p.kblocks;
+      auto load_b = [&](int kb, int s) {
+        uint8_t* st = smem + s * kStage;
+        Barrier::arrive_and_expect_tx(&full_bar[s], kStage);
+        if (p.b_tiled)
+          cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], 0, st, 0, 0,
+                                       static_cast<int>(rb * tiles_per_rb + kb));
+        else
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], 0, st, kb * (kWkK / 2), rb * kWkRows);
+        bulk_copy_g2s(st + kSfOff, p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb * 4) * kSfAtomBytes,
+                      kWkSfBytes, &full_bar[s]);
+      };
+      auto load_a = [&](int kb, int s) {
+        uint8_t* st = smem + s * kStage + kAOff;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
+      };
+      const int pre = min(STAGES, nkb);
+      for (int x = 0; x < pre; ++x) load_b(kb0 + x, x);
+      cudaGridDependencySynchronize();  // A is the kernel ahead's output
+      for (int x = 0; x < pre; ++x) load_a(kb0 + x, x);
+      int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
+      for (int i = pre; i < nkb; ++i) {
+        EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
+        load_b(kb0 + i, s);
+        load_a(kb0 + i, s);
+        if (++s == STAGES) s = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  const int g = lane >> 2, tig = lane & 3;
+  const int rg = warp >> 2, ks = warp & 3;
+  const int sigma = 2 * (g & 3) + (g >> 2);
+  const int row_base = rg * 64 + sigma;  // row of tile mt: row_base + 16 mt (and + 8)
+  // This lane's 8 bytes of a row: chunk 2 ks + tig / 2, half tig % 2, the chunk XORed with row % 8 = sigma.
+  const uint32_t b_off = row_base * 128 + ((((2 * ks + (tig >> 1)) ^ sigma)) << 4) + (tig & 1) * 8;
+  // Scale byte of row r for this lane's group: atom ks of the stage, SPEC.md's offset inside the atom.
+  auto sf_at = [&](int r) { return kSfOff + ks * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + tig; };
+  // A: box ks holds K [64 ks, 64 ks + 64) of the stage; token t's elements 16 tig .. 16 tig + 15 are
+  // chunks 2 tig and 2 tig + 1 of its 128-byte row, XORed with t % 8 (= g: n-tiles are 8 rows).
+  const uint32_t a_off = kAOff + ks * kABox + g * 128;
+  const uint32_t a_c0 = ((2 * tig) ^ g) << 4, a_c1 = ((2 * tig + 1) ^ g) << 4;
+  const int nt_live = min(NT, (p.m + 7) / 8);
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+
+  int s = 0, phase = 0;
+  for (int i = 0; i < nkb; ++i) {
+    Barrier::wait(&full_bar[s], phase);
+    const uint8_t* st = smem + s * kStage;
+    uint32_t af[NT][8];  // pairs in decode_word's order: [4 h + x] is pair x of elements 8 h .. 8 h + 7
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (NT > 1 && j >= nt_live) break;
+      const uint8_t* ar = st + a_off + j * 8 * 128;
+      const uint4 v0 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c0));
+      const uint4 v1 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c1));
+      af[j][0] = v0.x; af[j][1] = v0.y; af[j][2] = v0.z; af[j][3] = v0.w;
+      af[j][4] = v1.x; af[j][5] = v1.y; af[j][6] = v1.z; af[j][7] = v1.w;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const int r0 = row_base + 16 * mt;
+      const uint2 w0 = *reinterpret_cast<const uint2*>(st + b_off + mt * 16 * 128);
+      const uint2 w1 = *reinterpret_cast<const uint2*>(st + b_off + (mt * 16 + 8) * 128);
+      const uint16_t sc = static_cast<uint16_t>(st[sf_at(r0)] | (st[sf_at(r0 + 8)] << 8));
+      const uint32_t s2 = Dec::scales(sc);
+      const uint32_t s0 = low_pair(s2), s1 = high_pair(s2);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // word h of the 8 bytes: elements 8 h .. 8 h + 7, MMA steps 2 h, 2 h + 1
+        const uint32_t x = h ? w0.y : w0.x, y = h ? w1.y : w1.x;
+        const uint32_t g0 = Dec::mul(Dec::template word<0>(x), s0), g1 = Dec::mul(Dec::template word<1>(x), s0);
+        const uint32_t g2 = Dec::mul(Dec::template word<2>(x), s0), g3 = Dec::mul(Dec::template word<3>(x), s0);
+        const uint32_t e0 = Dec::mul(Dec::template word<0>(y), s1), e1 = Dec::mul(Dec::template word<1>(y), s1);
+        const uint32_t e2 = Dec::mul(Dec::template word<2>(y), s1), e3 = Dec::mul(Dec::template word<3>(y), s1);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (NT > 1 && j >= nt_live) break;
+          wk_mma<E>(acc[mt][j], g0, e0, g1, e1, af[j][4 * h + 0], af[j][4 * h + 1]);
+          wk_mma<E>(acc[mt][j], g2, e2, g3, e3, af[j][4 * h + 2], af[j][4 * h + 3]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
+    if (++s == STAGES) s = 0, phase ^= 1;
+  }
+
+  cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
+
+  // The 4 K slices of each (row, token), summed in slice order through shared memory. Every stage has been
+  // waited for by every consumer, so no copy is still landing in the pipeline's bytes.
+  cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
+  float* red = reinterpret_cast<float*>(smem);  // [ks][token][kWkRedStride]
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = j * 8 + 2 * tig + (e & 1), row = row_base + 16 * mt + (e >> 1) * 8;
+        red[(ks * TOKENS + token) * kWkRedStride + row] = acc[mt][j][e];
+      }
+  cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
+
+  // Thread t takes (token, row) = (t / 128 + 2 x, t % 128): rows of a token are consecutive columns of C.
+  const int t = threadIdx.x;
+  constexpr int kPer = TOKENS * kWkRows / kWkConsumers;
+  float v[kPer];
+#pragma unroll
+  for (int x = 0; x < kPer; ++x) {
+    const int token = t / kWkRows + 2 * x, row = t % kWkRows;
+    const float* r = red + token * kWkRedStride + row;
+    v[x] = ((r[0] + r[TOKENS * kWkRedStride]) + r[2 * TOKENS * kWkRedStride]) + r[3 * TOKENS * kWkRedStride];
+  }
+  if (p.splits > 1) {
+    float* mine = p.partial + (static_cast<int64_t>(rb) * p.splits + split) * (TOKENS * kWkRows);
+#pragma unroll
+    for (int x = 0; x < kPer; ++x) __stcg(mine + x * kWkConsumers + t, v[x]);
+    __threadfence();
+    cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
+    if (t == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+    cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
+    if (!s_last) return;
+    __threadfence();
+    // Split order, whatever the arrival order: the same bits on every call.
+    const float* base = p.partial + static_cast<int64_t>(rb) * p.splits * (TOKENS * kWkRows) + t;
+#pragma unroll
+    for (int x = 0; x < kPer; ++x) v[x] = __ldcg(base + x * kWkConsumers);
+    for (int q = 1; q < p.splits; ++q) {
+      float w[kPer];
+#pragma unroll
+      for (int x = 0; x < kPer; ++x) w[x] = __ldcg(base + static_cast<int64_t>(q) * (TOKENS * kWkRows) + x * kWkConsumers);
+#pragma unroll
+      for (int x = 0; x < kPer; ++x) v[x] += w[x];
+    }
+  }
+  const float scale = p.alpha ? p.out_mult * alpha_of(p.alpha, p.alpha2) : p.out_mult;
+#pragma unroll
+  for (int x = 0; x < kPer; ++x) {
+    const int token = t / kWkRows + 2 * x, col = rb * kWkRows + t % kWkRows;
+    switch (p.out_dtype) {
+      case OutDtype::kFloat16: wk_store<__half>(p, token, col, v[x] * scale); break;
+      case OutDtype::kBFloat16: wk_store<__nv_bfloat16>(p, token, col, v[x] * scale); break;
+      default: wk_store<float>(p, token, col, v[x] * scale); break;
+    }
+  }
+}
+
+template <int TOKENS, int STAGES, int CTAS, Elem E>
+cudaError_t launch_wk(const WkLaunch& l) {
+  auto* kernel = wk_kernel<TOKENS, STAGES, CTAS, E>;
+  constexpr int smem = wk_smem_bytes(TOKENS, STAGES);
+  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
+  const cudaError_t attr = smem_limit.run(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); });
+  if (attr != cudaSuccess) return attr;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
+  cfg.blockDim = dim3(kWkThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = l.stream;
+  cudaLaunchAttribute attrs[1];  // programmatic dependent launch: see the note at the top
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, l.params);
+}
+
+}  // namespace nvfp4_gemm::sm90
