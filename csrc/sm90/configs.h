@@ -149,7 +149,7 @@ constexpr int config_index(Pick pick) {
   if (pick.tokens == 0) return -1;
   for (int i = 0; i < kNumConfigs; ++i)
     if (kConfigs[i].kind == pick.kind && kConfigs[i].tokens == pick.tokens &&
-        (pick.kind == Kind::kSmallM || kConfigs[i].ctas_per_sm == 1))
+        (pick.kind != Kind::kWgmma || kConfigs[i].ctas_per_sm == 1))
       return i;
   return -1;
 }
@@ -165,6 +165,8 @@ constexpr bool dispatch_table_is_valid() {
   return true;
 }
 static_assert(dispatch_table_is_valid(), "every row names compiled configs; rows ascend in M, the last is unbounded");
+static_assert(config_index(kWkPick) >= 0 && kConfigs[config_index(kWkPick)].kind == Kind::kWarpK,
+              "kWkPick names a compiled K-sliced config");
 static_assert(kDispatch[0].config.kind == Kind::kSmallM && kDispatch[0].config.tokens == 8 &&
                   kDeepSmallM.kind == Kind::kSmallM && kDeepSmallM.tokens == 16,
               "kDeepSmallM stands in for the first row's 8-token small-M config (select, dispatch_rules)");
