@@ -44,7 +44,9 @@ def check_fused_linear(m, n, k, tag, x_dtype):
     assert torch.equal(y, nvfp4_gemm.mm(packed, wq, sf, wsf, scale * ws2, x_dtype)), (m, n, k, tag, x_dtype)
 
 
-shapes = [(1, 136, 96), (9, 264, 544), (20, 136, 288), (33, 128, 1056), (100, 200, 2080), (130, 392, 160), (300, 136, 544)]
+# (12, 264, 1536): weight-only at M 9..16 with K % 256 == 0 takes the K-sliced kernel unsplit (1 split forced).
+shapes = [(1, 136, 96), (9, 264, 544), (12, 264, 1536), (20, 136, 288), (33, 128, 1056), (100, 200, 2080),
+          (130, 392, 160), (300, 136, 544)]
 for m, n, k in shapes:
     for splits in (1, 3):
         torch.ops.nvfp4_gemm._sm90_force_splits(splits)
@@ -56,13 +58,21 @@ for m, n, k in shapes:
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
 # 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
 torch.ops.nvfp4_gemm._sm90_force_splits(3)
-forced = [c for c in nvfp4_gemm.configs()["sm90"] if "_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32))]
+forced = [c for c in nvfp4_gemm.configs()["sm90"]
+          if "_wk_" not in c and ("_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32)))]
 for cfg in forced:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
         check_weight_only(m, n, k, cfg, torch.bfloat16)
+# The K-sliced configs: weight-only, K % 256 == 0 (M = 40 runs as several launches).
+wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
+for cfg in wk:
+    os.environ["NVFP4_GEMM_CONFIG"] = cfg
+    for m, n, k in [(1, 136, 256), (9, 264, 768), (40, 200, 2048)]:
+        for dt in (torch.float16, torch.bfloat16):
+            check_weight_only(m, n, k, cfg, dt)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced), "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 6 * len(wk), "configs:", nvfp4_gemm.configs()["sm90"])
