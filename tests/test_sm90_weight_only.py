@@ -247,13 +247,14 @@ def test_linear_runs_one_fused_gemm():
     assert any(" m=4 " in ln for ln in fused) and any(" m=100 " in ln for ln in fused), lines
 
 
-@pytest.mark.parametrize("splits", [1, 0], ids=["unsplit", "auto-split"])
-@pytest.mark.parametrize("m", [1, 16])
-def test_chain_consumes_the_previous_output(m, splits):
-    """Each call's activations are the previous call's output, launched back to back (the small-M kernel
-    starts before its predecessor ends: programmatic dependent launch), eagerly and in a CUDA graph: equal
-    bit for bit to the same chain with a device synchronize between calls."""
-    n = k = 2048
+@pytest.mark.parametrize("m, splits, n", [(1, 1, 2048), (1, 0, 2048), (16, 1, 2048), (16, 0, 2048), (16, 0, 8192)],
+                         ids=["m1-unsplit", "m1-auto-split", "m16-unsplit", "m16-auto-split", "m16-k-sliced-split"])
+def test_chain_consumes_the_previous_output(m, splits, n):
+    """Each call's activations are the previous call's output, launched back to back (the small-M kernels
+    start before their predecessor ends: programmatic dependent launch; split calls count on counters that
+    the previous call left zero), eagerly and in a CUDA graph: equal bit for bit to the same chain with a
+    device synchronize between calls. n = 8192 at M = 16 is the K-sliced kernel with 4 splits."""
+    k = n
     layers = [_inputs(1, n, k, F16, seed=700 + i) for i in range(12)]
     for layer in layers:  # alpha keeps the activations' RMS through the chain, within fp16's range
         w = nvfp4_gemm.dequantize(layer["b"], layer["sfb"], k, F32)
@@ -287,3 +288,35 @@ def test_chain_consumes_the_previous_output(m, splits):
             assert torch.equal(out, ref)
     finally:
         torch.ops.nvfp4_gemm._sm90_force_splits(previous)
+
+
+@pytest.mark.parametrize("m, n", [(1, 2048), (16, 8192)], ids=["small-m", "k-sliced"])
+def test_split_chains_on_two_streams_at_once(m, n):
+    """Split GEMMs on two streams at the same time (each stream has its own split counters,
+    csrc/sm90/split_counters.cuh): each stream's chain equals the same chain run alone, bit for bit."""
+    layers = [_inputs(1, n, n, F16, seed=900 + i) for i in range(6)]
+    for layer in layers:
+        w = nvfp4_gemm.dequantize(layer["b"], layer["sfb"], n, F32)
+        layer["alpha"] = (1.0 / (w.pow(2).mean().sqrt() * math.sqrt(n))).reshape(1)
+    xs = [_inputs(m, n, n, F16, seed=950 + j)["a"] for j in range(2)]
+
+    def chain(x):
+        for _ in range(4):
+            for layer in layers:
+                x = nvfp4_gemm.mm(x, layer["b"], None, layer["sfb"], alpha=layer["alpha"])
+        return x
+
+    refs = [chain(x) for x in xs]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in xs]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for s, x in zip(streams, xs):
+        with torch.cuda.stream(s):
+            outs.append(chain(x))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    for out, ref in zip(outs, refs):
+        assert torch.equal(out, ref)

@@ -13,12 +13,8 @@
 //     from the caching allocator, whose blocks hold other data in between and would need a memset launch.
 //     Launches name their slot by index, so the host never asks for the array's address (no module-load
 //     call that could land inside a graph capture).
-//   * A slot belongs to one (device, stream, capture sequence). Launches on one stream run in order, and
-//     the next starts after the previous one's reset is visible. Launches recorded in a CUDA graph get the
-//     slot of that capture, never the one of eager launches on the capturing stream nor of another graph,
-//     so a graph may replay while eager work or another graph runs on other streams. (Replaying one graph
-//     on two streams at once is outside what torch supports anyway: its memory pool is shared.)
-//   * The per-thread default stream has one handle for many streams: its slots are per host thread too.
+//   * A slot belongs to one (device, stream, capture sequence): common/stream_slots.h says why that keeps
+//     launches that may overlap apart.
 // A kernel that dies midway leaves a slot nonzero, but then the context is unusable anyway.
 // When the slots run out (kSlots captures or streams on one device) the caller supplies zeroed words of
 // its own (one extra launch), so running out costs speed, never correctness.
@@ -29,11 +25,9 @@
 
 #include <atomic>
 #include <cstdio>
-#include <map>
 #include <mutex>
-#include <thread>
-#include <tuple>
 
+#include "common/stream_slots.h"
 #include "quant/recipe.h"
 
 namespace nvfp4_gemm::quant {
@@ -157,39 +151,8 @@ __global__ void static_scales_kernel(const float* __restrict__ input_scale, cons
 
 int64_t element_bytes(InDtype d) { return d == InDtype::kFloat32 ? 4 : 2; }
 
-class SlotTable {
- public:
-  // cudaSuccess with *index set (-1 when every slot is taken), else the CUDA error.
-  cudaError_t get(cudaStream_t stream, int* index) {
-    *index = -1;
-    int dev = 0;
-    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    unsigned long long capture = 0;
-    if (const cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, &capture); e != cudaSuccess) return e;
-    if (status == cudaStreamCaptureStatusNone) capture = 0;  // capture ids start at 1
-    const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
-    const Key key{dev, reinterpret_cast<uintptr_t>(stream), capture, thread};
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (const auto it = slots_.find(key); it != slots_.end()) {
-      *index = it->second;
-      return cudaSuccess;
-    }
-    if (dev < 0 || dev >= kMaxDevices || used_[dev] == kSlots) return cudaSuccess;
-    *index = used_[dev]++;
-    slots_.emplace(key, *index);
-    return cudaSuccess;
-  }
-
- private:
-  using Key = std::tuple<int, uintptr_t, unsigned long long, std::thread::id>;
-  std::mutex mutex_;
-  std::map<Key, int> slots_;
-  int used_[kMaxDevices] = {};  // slots handed out per device (each device has its own copy of the array)
-};
-
-SlotTable& slot_table() {
-  static SlotTable* table = new SlotTable();  // never destroyed: launches may still come at exit
+StreamSlots& slot_table() {
+  static StreamSlots* table = new StreamSlots(kSlots);  // never destroyed: launches may still come at exit
   return *table;
 }
 

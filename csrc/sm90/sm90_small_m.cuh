@@ -39,18 +39,21 @@
 // Split-K: the grid is one wave (row blocks x splits <= CTAS CTAs per SM) whenever N allows, so no CTA waits
 // behind another's tail. Each (row block, split) CTA writes its fp32 tile to the workspace; the last CTA of
 // a row block to arrive (atomic counter) sums the splits in split order and writes C, so the result does
-// not depend on timing. The counters are zeroed by a one-block kernel launched just before this grid.
+// not depend on timing, and sets the counter back to zero. The counters are a slot of split_counters.cuh,
+// zero between launches; where no slot is free they are workspace words zeroed by a one-block kernel
+// launched just before this grid.
 //
 // Programmatic dependent launch (PDL), so that a chain of small GEMMs does not pay each launch in full:
 // every launch here may start before the kernel ahead of it on the stream has finished, and each grid
 // lets its successor launch once all its CTAs are past their main loop (not earlier: a successor's CTAs
 // would take the slots of this grid's later CTAs). What runs before the wait for the predecessor
 // (griddepcontrol.wait) is only what cannot read its results:
-//  - no split: the predecessor is anyone's kernel; before the wait a CTA only asks L2 for its first B
-//    blocks (a prefetch reads nothing into registers, so it is right even if that kernel wrote B).
-//  - split: the predecessor is the counter reset, which itself waits for the kernel ahead of it before it
-//    lets this grid launch; so A and B are final when a CTA starts, and it waits only before it counts its
-//    arrival on the counters the reset writes.
+//  - no split, or a split counting on a slot's counters: the predecessor is anyone's kernel; before the wait
+//    a CTA only asks L2 for its first B blocks (a prefetch reads nothing into registers, so it is right even
+//    if that kernel wrote B).
+//  - a split counting on workspace counters: the predecessor is the counter reset, which itself waits for the
+//    kernel ahead of it before it lets this grid launch; so A and B are final when a CTA starts, and it waits
+//    only before it counts its arrival on the counters the reset writes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -67,6 +70,7 @@
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
 #include "sm90/quant_a.cuh"
+#include "sm90/split_counters.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -117,7 +121,8 @@ struct SmallMParams {
   AType x_type;
   void* c;
   float4* partial;      // [row blocks][splits][8 warps][TOKENS/8][32 lanes] float4, when splits > 1
-  uint32_t* counters;   // [row blocks], zero at launch when splits > 1
+  uint32_t* counters;   // [row blocks] in the workspace, zero at launch, when splits > 1 and counter_slot < 0
+  int counter_slot;     // >= 0: the counters of this slot of split_counters.cuh (zero at launch, left zero)
   int64_t lda, ldb, ldc;
   int m, n, k;
   int sfa_row0;         // row of A's scales that A's row 0 is (launches of TOKENS rows)
@@ -326,7 +331,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   const int sf_off = (rloc % 32) * 16 + (rloc / 32) * 4, sf_off8 = ((rloc + 8) % 32) * 16 + ((rloc + 8) / 32) * 4;
   const int64_t sf_rb_base = static_cast<int64_t>(rb) * p.sf_atoms;
 
-  if (kRing || p.splits == 1) {  // see the PDL note above (the ring variant has no counter reset ahead of it)
+  if (kRing || p.splits == 1 || p.counter_slot >= 0) {  // see the PDL note above (no counter reset ahead)
     prefetch_b_l2(p, row, kb0, min(nkb, kRing ? RING - 1 : DEPTH), tig);
     cudaGridDependencySynchronize();
   }
@@ -531,8 +536,12 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
     for (int j = 0; j < NT; ++j) __stcg(part + j * 32 + lane, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
     __threadfence();
     __syncthreads();
-    cudaGridDependencySynchronize();  // the counter reset, launched just before this grid, is done
-    if (tid == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+    cudaGridDependencySynchronize();  // the counter reset, where one was launched just before this grid, is done
+    if (tid == 0) {
+      uint32_t* counters = split_counters(p.counter_slot, p.counters);
+      s_last = atomicAdd(counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+      if (s_last) counters[rb] = 0;  // every split has arrived: zero for the next launch on this slot
+    }
     __syncthreads();
     if (!s_last) return;
     __threadfence();

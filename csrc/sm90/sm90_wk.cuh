@@ -31,9 +31,8 @@
 // it is, products are exact in fp32 and summed in fp32; the epilogue multiplies 2^7 * alpha and rounds once.
 //
 // Split-K over CTAs: (row block, split) CTAs each write their fp32 [TOKENS][128] tile to the workspace; the
-// last to arrive (atomic counter) sums them in split order and writes C. The counters are zeroed by the
-// one-block kernel launched just ahead of this grid (backend.cu, zero_counters_kernel), as for the
-// streaming kernel.
+// last to arrive (atomic counter) sums them in split order, writes C and sets the counter back to zero
+// (split_counters.cuh: no reset launch ahead of this grid, where a slot is free).
 //
 // Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stages' B
 // and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
@@ -55,6 +54,7 @@
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
+#include "sm90/split_counters.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -82,7 +82,8 @@ struct WkParams {
   const float* alpha2;  // nullptr, or a second factor of alpha
   void* c;              // [m][ldc] of out_dtype (rows of this launch)
   float* partial;       // [row blocks][splits][TOKENS][128] fp32, when splits > 1
-  uint32_t* counters;   // [row blocks], zero at launch when splits > 1
+  uint32_t* counters;   // [row blocks] in the workspace, zero at launch, when splits > 1 and counter_slot < 0
+  int counter_slot;     // >= 0: the counters of this slot of split_counters.cuh (zero at launch, left zero)
   int64_t ldc;
   int m, n, k;
   int sf_atoms;         // K/64: scale atoms per row block
@@ -289,7 +290,11 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     for (int x = 0; x < kPer; ++x) __stcg(mine + x * kWkConsumers + t, v[x]);
     __threadfence();
     cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
-    if (t == 0) s_last = atomicAdd(p.counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+    uint32_t* counters = split_counters(p.counter_slot, p.counters);
+    if (t == 0) {
+      s_last = atomicAdd(counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+      if (s_last) counters[rb] = 0;  // every split has arrived: zero for the next launch on this slot
+    }
     cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
     if (!s_last) return;
     __threadfence();

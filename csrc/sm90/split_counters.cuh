@@ -1,0 +1,27 @@
+// Split-K arrival counters that the small-M kernels keep zero themselves (the last CTA of a row block to
+// arrive writes its counter back to zero), so that a split GEMM needs no counter-reset launch ahead of it:
+// the GEMM is then the programmatic dependent of the kernel ahead of it and its prologue and first weight
+// loads overlap that kernel's tail. Torch-free.
+//
+// Slot s (common/stream_slots.h: one per device, stream and capture sequence) holds kSplitCounterRows
+// counters. The array is static: each kernel translation unit (csrc/sm90/generated/) has its own copy, zero
+// when the module loads, used only by its own kernel; the slot index is the same for all of them. Problems
+// with more row blocks, or launches when the slots have run out, use zeroed counters in the workspace
+// (backend.cu: one reset launch ahead, as before).
+#pragma once
+
+#include <cstdint>
+
+namespace nvfp4_gemm::sm90 {
+
+inline constexpr int kSplitCounterSlots = 128;
+inline constexpr int kSplitCounterRows = 512;  // row blocks of 128: N <= 65536
+
+static __device__ uint32_t g_split_counters[kSplitCounterSlots * kSplitCounterRows];
+
+// The counters a launch uses: its slot's, or the workspace's (slot < 0).
+__device__ __forceinline__ uint32_t* split_counters(int slot, uint32_t* workspace_counters) {
+  return slot >= 0 ? g_split_counters + slot * kSplitCounterRows : workspace_counters;
+}
+
+}  // namespace nvfp4_gemm::sm90
