@@ -165,7 +165,7 @@ def test_cuda_graph_replay(shape):
 
 
 def test_dispatch_takes_16_bit_activations():
-    """Automatic dispatch: fp16 / bf16 activations run on sm90 (small-M at M <= 32, wgmma above), fp32
+    """Automatic dispatch: fp16 / bf16 activations run on sm90 (small-M or K-sliced at M <= 32, wgmma above), fp32
     activations on the generic path (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process)."""
     code = ("import torch, nvfp4_gemm\n"
             "b = torch.randint(0, 256, (1024, 1024), dtype=torch.uint8, device='cuda')\n"
@@ -184,8 +184,8 @@ def test_dispatch_takes_16_bit_activations():
     sm90 = [ln for ln in lines if ln.startswith("[nvfp4_gemm] sm90:")]
     generic = [ln for ln in lines if ln.startswith("[nvfp4_gemm] generic")]
     assert len(sm90) == 4 and len(generic) == 2, lines
-    assert any("_smallm_" in ln and " m=4 " in ln for ln in sm90), sm90
-    assert any("_smallm_" not in ln and " m=100 " in ln for ln in sm90), sm90
+    assert any(("_smallm_" in ln or "_wk_" in ln) and " m=4 " in ln for ln in sm90), sm90
+    assert any("_smallm_" not in ln and "_wk_" not in ln and " m=100 " in ln for ln in sm90), sm90
 
 
 @pytest.mark.parametrize("x_dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])

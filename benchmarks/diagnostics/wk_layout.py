@@ -67,7 +67,7 @@ def main() -> None:
                 t = timer.graph_us(auto)
                 line.append(f"auto {t:.2f} ({t / read:.2f}x)")
             calls = [lambda s=s: nvfp4_gemm.mm(s["x"], s["bk"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
-            for cfg in args.configs.split(","):
+            for cfg in [c for c in args.configs.split(",") if c]:
                 tag = cfg.replace("sm90_nvfp4_", "").replace("_mma16816", "")
                 try:
                     with env("NVFP4_GEMM_CONFIG", cfg):

@@ -702,18 +702,21 @@ bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
          pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
 }
 
-// configs.h, kWkPick: the K-sliced kernel where each of its CTAs streams a long K range.
-bool prefers_wk(const Problem& p, const DeviceInfo* dev) {
-  const int wk = config_index(kWkPick);
-  if (wk < 0 || p.m < kWkMinM || p.m > kWkMaxM || !can_run(&p, wk, dev, nullptr, 0)) return false;
+// configs.h, kWkPick / kWkPick8: the K-sliced config that takes this problem, or -1.
+int wk_pick(const Problem& p, const DeviceInfo* dev) {
+  const bool small = p.m >= 1 && p.m <= 8;
+  if (!small && (p.m < kWkMinM || p.m > kWkMaxM)) return -1;
+  const int wk = config_index(small ? kWkPick8 : kWkPick);
+  if (wk < 0 || !can_run(&p, wk, dev, nullptr, 0)) return -1;
   const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  return make_wk_plan(p, wk, sms).kb >= kWkMinStages;
+  const WkPlan pl = make_wk_plan(p, wk, sms);
+  return (small ? pl.splits >= kWkMinSplits8 : pl.kb >= kWkMinStages) ? wk : -1;
 }
 
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
-  if (prefers_wk(*p, dev)) return config_index(kWkPick);
+  if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
@@ -989,6 +992,9 @@ const char* dispatch_rules() {
       t += line;
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
+      if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
+        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name + " for 16-bit a where it splits K >= " +
+             std::to_string(kWkMinSplits8) + " ways (K % 256 == 0)";
       if (r.m_max >= kWkMinM && lo <= kWkMaxM)  // configs.h, kWkPick
         t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for 16-bit a at M " +
              std::to_string(kWkMinM) + ".." + std::to_string(kWkMaxM) + " where each CTA streams >= " +

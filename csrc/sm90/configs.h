@@ -110,14 +110,20 @@ inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 // B through its shared-memory ring (29.2-31.5 vs 34.4-34.6 us at (1, 28672, 4096), above).
 inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
 
-// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form at M kWkMinM..kWkMaxM where its plan gives
-// every CTA at least kWkMinStages stages of K (few or no splits). Measured (H100, docs/NOTES.md "v5", weight-only
-// fp16, graph per call, same run): 16 tokens, (16, 28672, 4096) unsplit 35.5 us vs 51.9 for the ring config,
-// (16, 4096, 14336) 8 splits of 7 stages 24.6 vs 26.3; but (16, 6144, 4096) 4 splits of 4 stages 17.0 vs 15.7 and
-// (16, 4096, 4096) 8 of 2 stages 12.8 vs 12.2. At M = 1 its 8-token config is within 2% of the landed kernels.
+// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form (K % 256 == 0) where it measured faster (H100,
+// weight-only fp16, graph per call, same runs; docs/NOTES.md "v5"):
+//  - M 9..16, 16 tokens, where its plan gives every CTA at least kWkMinStages stages of K: (16, 28672, 4096)
+//    unsplit 35.5 us vs 51.9 for the ring config, (16, 4096, 14336) 8 splits of 7 stages 22.9 vs 24.8; but
+//    (16, 6144, 4096) 4 splits of 4 stages and (16, 4096, 4096) 8 of 2 stages stay 0.0-0.3 us behind the ring.
+//  - M 1..8, 8 tokens, where its plan splits K at least kWkMinSplits8 ways (a split K-sliced call needs no
+//    counter-reset launch, the register config does): (1, 1024 / 4096, 4096) 5.9 / 9.4 us vs 6.7 / 10.3,
+//    (1, 4096, 14336) 19.4 vs 20.6; unsplit (1, 28672, 4096) 32.5 vs 31.7 and 4 splits (1, 6144, 4096) 13.3 vs
+//    12.7 stay with the small-M configs.
 inline constexpr Pick kWkPick{Kind::kWarpK, 16};
+inline constexpr Pick kWkPick8{Kind::kWarpK, 8};
 inline constexpr int64_t kWkMinM = 9, kWkMaxM = 16;
 inline constexpr int kWkMinStages = 6;
+inline constexpr int kWkMinSplits8 = 8;
 
 struct DispatchRow {
   int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left
@@ -165,8 +171,9 @@ constexpr bool dispatch_table_is_valid() {
   return true;
 }
 static_assert(dispatch_table_is_valid(), "every row names compiled configs; rows ascend in M, the last is unbounded");
-static_assert(config_index(kWkPick) >= 0 && kConfigs[config_index(kWkPick)].kind == Kind::kWarpK,
-              "kWkPick names a compiled K-sliced config");
+static_assert(config_index(kWkPick) >= 0 && kConfigs[config_index(kWkPick)].kind == Kind::kWarpK &&
+                  config_index(kWkPick8) >= 0 && kConfigs[config_index(kWkPick8)].kind == Kind::kWarpK,
+              "kWkPick / kWkPick8 name compiled K-sliced configs");
 static_assert(kDispatch[0].config.kind == Kind::kSmallM && kDispatch[0].config.tokens == 8 &&
                   kDeepSmallM.kind == Kind::kSmallM && kDeepSmallM.tokens == 16,
               "kDeepSmallM stands in for the first row's 8-token small-M config (select, dispatch_rules)");
