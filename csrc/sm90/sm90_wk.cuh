@@ -36,7 +36,7 @@
 //
 // Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stages' B
 // and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
-// the workspace and the counters, come after it.
+// the workspace and the counters, come after it, and the consumers wait before they touch global memory.
 #pragma once
 
 #include <cuda.h>
@@ -195,6 +195,9 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     return;
   }
 
+  // The consumers read alpha from global memory (in the epilogue), which the kernel ahead may have written: they
+  // wait for it too. No cost: their first stage holds A, which the producer loads only after its own wait.
+  cudaGridDependencySynchronize();
   const int g = lane >> 2, tig = lane & 3;
   const int rg = warp >> 2, ks = warp & 3;
   const int sigma = 2 * (g & 3) + (g >> 2);
