@@ -342,6 +342,15 @@ cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream)
   return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
+// Whether the workspace the binding allocated holds a small-M or K-sliced plan's split partials and counters.
+bool split_workspace_ok(int64_t partial_bytes, int64_t counter_bytes, const void* workspace, size_t ws_bytes,
+                        char* err, size_t err_len) {
+  if (ws_bytes >= static_cast<size_t>(partial_bytes + counter_bytes) && (partial_bytes == 0 || workspace != nullptr))
+    return true;
+  set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
+  return false;
+}
+
 // Small-M kernel plan: 128-row blocks of B x K splits of kb blocks of 256 K; M in launches of TOKENS rows.
 struct SmallMPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0, smem = 0;
@@ -397,11 +406,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
                  size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const SmallMPlan pl = make_small_m_plan(*p, config, num_sms_of_current_device());
-  if (ws_bytes < static_cast<size_t>(pl.partial_bytes + pl.counter_bytes) ||
-      (pl.partial_bytes && workspace == nullptr)) {
-    if (err && err_len) std::snprintf(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
-    return false;
-  }
+  if (!split_workspace_ok(pl.partial_bytes, pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
   SmallMLaunch l{};
   SmallMParams& sp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -508,11 +513,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
-  if (ws_bytes < static_cast<size_t>(pl.partial_bytes + pl.counter_bytes) ||
-      (pl.partial_bytes && workspace == nullptr)) {
-    set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
-    return false;
-  }
+  if (!split_workspace_ok(pl.partial_bytes, pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);

@@ -85,6 +85,21 @@ struct BDecode<Elem::kBf16> {
   }
 };
 
+// The mma.sync m16n8k16 A fragments of two MMA steps from one packed word of each of a lane's two rows (g and
+// g + 8, with their scale pairs sg / s8 from BDecode::scales): g[r] = row g's decode_word<r> output times sg,
+// e[r] = row g + 8's times s8. Steps 2 h and 2 h + 1 take {g[0], e[0], g[1], e[1]} and {g[2], e[2], g[3], e[3]}.
+template <Elem E>
+struct BFragments {
+  uint32_t g[4], e[4];
+  __device__ __forceinline__ BFragments(uint32_t row_g, uint32_t row_g8, uint32_t sg, uint32_t s8) {
+    using Dec = BDecode<E>;
+    g[0] = Dec::mul(Dec::template word<0>(row_g), sg), g[1] = Dec::mul(Dec::template word<1>(row_g), sg);
+    g[2] = Dec::mul(Dec::template word<2>(row_g), sg), g[3] = Dec::mul(Dec::template word<3>(row_g), sg);
+    e[0] = Dec::mul(Dec::template word<0>(row_g8), s8), e[1] = Dec::mul(Dec::template word<1>(row_g8), s8);
+    e[2] = Dec::mul(Dec::template word<2>(row_g8), s8), e[3] = Dec::mul(Dec::template word<3>(row_g8), s8);
+  }
+};
+
 // alpha as the caller gave it: *alpha, fl(*alpha * *alpha2) with a second factor, 1 without either.
 __device__ __forceinline__ float alpha_of(const float* alpha, const float* alpha2) {
   if (alpha == nullptr) return 1.0f;

@@ -271,7 +271,6 @@ __device__ __forceinline__ void scales_of(uint32_t w, uint32_t (&s)[4]) {
 template <int NT, Elem E, bool COMPACT = false>
 __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* a_blk, int g, int tig, int nt_live,
                                                float (&acc)[NT][4], int tok = 0) {
-  using Dec = BDecode<E>;
   uint32_t sg[4], s8[4];
   scales_of<E>(bb.s[0], sg);
   scales_of<E>(bb.s[1], s8);
@@ -279,20 +278,15 @@ __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* 
   const uint32_t* w8 = reinterpret_cast<const uint32_t*>(&bb.r[2]);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t x = wg[i], y = w8[i];
-    const uint32_t a = sg[i / 2], b = s8[i / 2];
-    const uint32_t g0 = Dec::mul(Dec::template word<0>(x), a), g1 = Dec::mul(Dec::template word<1>(x), a);
-    const uint32_t g2 = Dec::mul(Dec::template word<2>(x), a), g3 = Dec::mul(Dec::template word<3>(x), a);
-    const uint32_t e0 = Dec::mul(Dec::template word<0>(y), b), e1 = Dec::mul(Dec::template word<1>(y), b);
-    const uint32_t e2 = Dec::mul(Dec::template word<2>(y), b), e3 = Dec::mul(Dec::template word<3>(y), b);
+    const BFragments<E> f(wg[i], w8[i], sg[i / 2], s8[i / 2]);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (NT > 1 && j >= nt_live) break;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (!COMPACT || j * 8 + g < tok)
         v = *reinterpret_cast<const uint4*>(a_blk + ((j * 8 + g) * 4 + tig) * kSmallTigBytes + i * 16);
-      mma16816<E>(acc[j], g0, e0, g1, e1, v.x, v.y);
-      mma16816<E>(acc[j], g2, e2, g3, e3, v.z, v.w);
+      mma16816<E>(acc[j], f.g[0], f.e[0], f.g[1], f.e[1], v.x, v.y);
+      mma16816<E>(acc[j], f.g[2], f.e[2], f.g[3], f.e[3], v.z, v.w);
     }
   }
 }

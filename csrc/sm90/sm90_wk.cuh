@@ -242,16 +242,12 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
       const uint32_t s0 = low_pair(s2), s1 = high_pair(s2);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // word h of the 8 bytes: elements 8 h .. 8 h + 7, MMA steps 2 h, 2 h + 1
-        const uint32_t x = h ? w0.y : w0.x, y = h ? w1.y : w1.x;
-        const uint32_t g0 = Dec::mul(Dec::template word<0>(x), s0), g1 = Dec::mul(Dec::template word<1>(x), s0);
-        const uint32_t g2 = Dec::mul(Dec::template word<2>(x), s0), g3 = Dec::mul(Dec::template word<3>(x), s0);
-        const uint32_t e0 = Dec::mul(Dec::template word<0>(y), s1), e1 = Dec::mul(Dec::template word<1>(y), s1);
-        const uint32_t e2 = Dec::mul(Dec::template word<2>(y), s1), e3 = Dec::mul(Dec::template word<3>(y), s1);
+        const BFragments<E> f(h ? w0.y : w0.x, h ? w1.y : w1.x, s0, s1);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           if (NT > 1 && j >= nt_live) break;
-          wk_mma<E>(acc[mt][j], g0, e0, g1, e1, af[j][4 * h + 0], af[j][4 * h + 1]);
-          wk_mma<E>(acc[mt][j], g2, e2, g3, e3, af[j][4 * h + 2], af[j][4 * h + 3]);
+          wk_mma<E>(acc[mt][j], f.g[0], f.e[0], f.g[1], f.e[1], af[j][4 * h + 0], af[j][4 * h + 1]);
+          wk_mma<E>(acc[mt][j], f.g[2], f.e[2], f.g[3], f.e[3], af[j][4 * h + 2], af[j][4 * h + 3]);
         }
       }
     }
