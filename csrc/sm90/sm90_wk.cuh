@@ -14,8 +14,9 @@
 // contiguous) and four TMA boxes of A (TOKENS rows x 64 K each, SWIZZLE_128B), all completing on the stage's
 // full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads either
 // the row-major [N, K/2] bytes (a 2-D map) or the prepared layout (Problem::b_tiled, a 3-D map over
-// [tiles][128][128]): the shared-memory image is the same, so is everything after it. The prepared layout is
-// what makes a stage one contiguous 16 KB read in DRAM.
+// [tiles][128][128]): the shared-memory image is the same, so is everything after it. Measured (docs/NOTES.md
+// v5): with TMA fetching the box, row-major weights run within 2% of the prepared tiles, so the binding passes
+// row-major weights; the 3-D map serves the layout experiments (NVFP4_GEMM_SM90_WK_TILED, backend.cu).
 //
 // Fragments (mma.sync m16n8k16; B rows are the MMA's M side, tokens its N side): lane (g, tig) of warp
 // (rg, ks) owns scale group ks*4 + tig of the stage, i.e. bytes [32 ks + 8 tig, +8) of a row: 16 elements
