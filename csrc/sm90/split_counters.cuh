@@ -14,6 +14,9 @@
 
 namespace nvfp4_gemm::sm90 {
 
+// 128 slots x 512 counters x 4 bytes = 256 KB of device memory per kernel unit that uses them (13 in the
+// sm90 module: ~3.3 MB per device). A process that captures more than 128 graphs (or uses more streams) on one
+// device gets the workspace path for the rest.
 inline constexpr int kSplitCounterSlots = 128;
 inline constexpr int kSplitCounterRows = 512;  // row blocks of 128: N <= 65536
 
