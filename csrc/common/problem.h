@@ -61,20 +61,7 @@ struct Problem {
   bool a_scale_is_decode = false;
   // A second factor of alpha, nullptr for none: the GEMM scales by fl(*alpha * *alpha2) (alpha must be set).
   const float* alpha2 = nullptr;
-  // B in the prepared layout (nvfp4_gemm/prepared.py; requires n % 128 == 0 and k % 256 == 0; ldb unused):
-  // [n/128][k/256][128 rows][128 bytes], i.e. byte j of row r of the row-major [n, k/2] matrix sits at
-  // prepared_b_offset(r, j, k). Each (128-row block, 256-K block) tile is one contiguous 16 KB run, what a
-  // kernel stage reads at once. Backends that cannot read it refuse in can_run; the binding then hands them
-  // a row-major copy.
-  bool b_tiled = false;
 };
-
-inline constexpr int64_t kTileRows = 128;       // prepared layout: rows per tile
-inline constexpr int64_t kTileBytes = 128;      // prepared layout: bytes of a row per tile (256 K)
-constexpr int64_t prepared_b_offset(int64_t r, int64_t j, int64_t k) {
-  return (((r / kTileRows) * (k / (2 * kTileBytes)) + j / kTileBytes) * kTileRows + r % kTileRows) * kTileBytes +
-         j % kTileBytes;
-}
 
 inline bool quantizes_a(const Problem& p) { return p.a_scale != nullptr && p.a_type != AType::kE2m1; }
 
@@ -87,8 +74,7 @@ struct DeviceInfo {
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
 // v4: Problem::a_type (the weight-only form reaches the arch modules; each can_run refuses what it lacks).
-// v5: Problem::b_tiled (the prepared weight layout; each can_run refuses what it cannot read).
-inline constexpr int32_t kBackendAbiVersion = 5;
+inline constexpr int32_t kBackendAbiVersion = 4;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion

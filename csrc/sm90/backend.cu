@@ -236,15 +236,16 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The prepared layout (Problem::b_tiled) as [tiles][128 rows][128 bytes], one (row block, 256-K block) tile a
-// box: the box lands in shared memory exactly as the 2-D map's {128, 128} box over row-major B does.
-bool encode_prepared_b(CUtensorMap* map, const uint8_t* base, int64_t n, int64_t k) {
+// The layout experiment of wk_layout.py (wk_tiled_experiment): b's bytes in the order [tiles][128 rows][128
+// bytes], one (128-row block, 256-K block) tile a box, which lands in shared memory exactly as the 2-D map's
+// {128, 128} box over row-major B does.
+bool encode_tiled_b(CUtensorMap* map, const uint8_t* base, int64_t n, int64_t k) {
   EncodeTiledFn fn = encode_tiled();
   if (!fn) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kTileBytes), static_cast<cuuint64_t>(kTileRows),
-                              static_cast<cuuint64_t>((n / kTileRows) * (k / (2 * kTileBytes)))};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kTileBytes), static_cast<cuuint64_t>(kTileRows * kTileBytes)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kTileBytes), static_cast<cuuint32_t>(kTileRows), 1};
+  constexpr cuuint64_t kRows = kWkRows, kBytes = kWkK / 2;
+  const cuuint64_t dims[3] = {kBytes, kRows, static_cast<cuuint64_t>(ceil_div(n, kWkRows) * (k / kWkK))};
+  const cuuint64_t strides[2] = {kBytes, kRows * kBytes};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBytes), static_cast<cuuint32_t>(kRows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, elem_strides,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -468,8 +469,8 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
 }
 
 // Experiments only (benchmarks/diagnostics/wk_layout.py): NVFP4_GEMM_SM90_WK_TILED=1 makes the K-sliced
-// kernel read a 2-D b as holding the prepared layout's bytes, to time both layouts before the binding
-// passes prepared weights. Read once; never set it for real use.
+// kernel read b's bytes as 128 x 128-byte tiles (one per 128-row block and 256-K stage) instead of row-major
+// rows, to time the two layouts against each other (docs/NOTES.md v5). Read once; never set it for real use.
 bool wk_tiled_experiment() {
   static const bool on = [] {
     const char* env = std::getenv("NVFP4_GEMM_SM90_WK_TILED");
@@ -477,7 +478,6 @@ bool wk_tiled_experiment() {
   }();
   return on;
 }
-bool wk_reads_tiled(const Problem& p) { return p.b_tiled || wk_tiled_experiment(); }
 
 // K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 struct WkPlan {
@@ -517,8 +517,9 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  const bool ok = wk_reads_tiled(*p)
-                      ? encode_prepared_b(&wp.tmap_b, p->b, p->n, p->k)
+  wp.b_tiled = wk_tiled_experiment();
+  const bool ok = wp.b_tiled
+                      ? encode_tiled_b(&wp.tmap_b, p->b, p->n, p->k)
                       : encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
                                   static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
                                   CU_TENSOR_MAP_SWIZZLE_128B);
@@ -526,7 +527,6 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
     set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
     return false;
   }
-  wp.b_tiled = wk_reads_tiled(*p);
   wp.sfb = p->sfb;
   wp.alpha = p->alpha;
   wp.alpha2 = p->alpha2;
@@ -623,11 +623,6 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
       return false;
     }
     return true;
-  }
-  if (p->b_tiled) {
-    if (why && why_len)
-      std::snprintf(why, why_len, "%s reads row-major b only, not the prepared layout", kConfigs[config].name);
-    return false;
   }
   if (kConfigs[config].kind == Kind::kSmallM) {
     if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {  // 32-bit row / K indices

@@ -12,11 +12,10 @@
 // Data movement: one producer warp (one elected thread) issues, per stage, one TMA box of B (128 rows x 128
 // bytes, SWIZZLE_128B), one 2 KB bulk copy of the stage's four scale atoms (the blocked layout keeps them
 // contiguous) and four TMA boxes of A (TOKENS rows x 64 K each, SWIZZLE_128B), all completing on the stage's
-// full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads either
-// the row-major [N, K/2] bytes (a 2-D map) or the prepared layout (Problem::b_tiled, a 3-D map over
-// [tiles][128][128]): the shared-memory image is the same, so is everything after it. Measured (docs/NOTES.md
-// v5): with TMA fetching the box, row-major weights run within 2% of the prepared tiles, so the binding passes
-// row-major weights; the 3-D map serves the layout experiments (NVFP4_GEMM_SM90_WK_TILED, backend.cu).
+// full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads the
+// row-major [N, K/2] bytes (a 2-D map); a 3-D map over 128 x 128-byte tiles gives the same shared-memory image
+// (b_tiled: the layout experiment of benchmarks/diagnostics/wk_layout.py). Measured (docs/NOTES.md v5): with
+// TMA fetching the box, row-major weights run within 2% of the tiles, so no prepared weight layout is needed.
 //
 // Fragments (mma.sync m16n8k16; B rows are the MMA's M side, tokens its N side): lane (g, tig) of warp
 // (rg, ks) owns scale group ks*4 + tig of the stage, i.e. bytes [32 ks + 8 tig, +8) of a row: 16 elements
@@ -77,7 +76,7 @@ constexpr int wk_smem_bytes(int tokens, int stages) {
 
 struct WkParams {
   CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}, SWIZZLE_128B
-  CUtensorMap tmap_b;   // B: row-major [N][K/2] bytes, box {128, 128}; or prepared [tiles][128][128], box {128, 128, 1}
+  CUtensorMap tmap_b;   // B: row-major [N][K/2] bytes, box {128, 128}; or tiles [tiles][128][128], box {128, 128, 1}
   const uint8_t* sfb;   // blocked scales of B (16-byte aligned)
   const float* alpha;   // nullptr: 1
   const float* alpha2;  // nullptr, or a second factor of alpha
@@ -91,7 +90,7 @@ struct WkParams {
   int kblocks;          // K / 256
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
-  bool b_tiled;
+  bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
   float out_mult;       // 2^7
   OutDtype out_dtype;
 };
