@@ -70,6 +70,7 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
     if case.data_dtype == "fp4x2":
         a, b = a.view(torch.float4_e2m1fn_x2), b.view(torch.float4_e2m1fn_x2)
     a, b, sfa, sfb = (t.to(device) for t in (a, b, sfa, sfb))
+    sfa_blocked = sfa
     if case.sf_view == "2d":
         sfa = sfa.view(blocked_shape(m, k))
         sfb = sfb.view(blocked_shape(n, k))
@@ -79,7 +80,7 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
     if case.a_dtype is not None:  # the weight-only form: A's NVFP4 values as 16-bit activations (exact)
         from .formats import dequantize
 
-        a, sfa = dequantize(a.view(torch.uint8), to_blocked(sfa_lin).to(device), k, case.a_dtype), None
+        a, sfa = dequantize(a.view(torch.uint8), sfa_blocked, k, case.a_dtype), None
     return dict(a=a, b=b, sfa=sfa, sfb=sfb, alpha=alpha, out_dtype=case.out_dtype)
 
 
