@@ -275,19 +275,19 @@ uint64_t* trace_buffer_for_launch(int grid, cudaStream_t stream) {
   return bufs[dev];
 }
 
-// One launch's timeline as text: a header line, then one line of kTraceSlots numbers per CTA.
-void write_trace(const GemmParams& gp, const char* config, cudaStream_t stream) {
+// One launch's timeline as text: a header line ("launch <config> <fields>"), then one line of kTraceSlots
+// numbers per CTA.
+void write_trace(const uint64_t* trace, int grid, const char* header, cudaStream_t stream) {
   const char* file = std::getenv("NVFP4_GEMM_SM90_TRACE");
   if (!file || !*file) return;
-  const size_t n = kTraceHeader + static_cast<size_t>(gp.grid) * kTraceSlots;
+  const size_t n = kTraceHeader + static_cast<size_t>(grid) * kTraceSlots;
   uint64_t* host = static_cast<uint64_t*>(std::malloc(n * sizeof(uint64_t)));
   FILE* f = std::fopen(file, "a");
   if (host && f && cudaStreamSynchronize(stream) == cudaSuccess &&
-      cudaMemcpy(host, gp.trace, n * sizeof(uint64_t), cudaMemcpyDeviceToHost) == cudaSuccess) {
-    std::fprintf(f, "launch %s m=%d n=%d k=%d grid=%d tiles=%d ktiles=%d prepass=%llu,%llu\n", config, gp.m, gp.n,
-                 gp.k, gp.grid, gp.tiles, gp.ktiles, static_cast<unsigned long long>(host[0]),
+      cudaMemcpy(host, trace, n * sizeof(uint64_t), cudaMemcpyDeviceToHost) == cudaSuccess) {
+    std::fprintf(f, "launch %s prepass=%llu,%llu\n", header, static_cast<unsigned long long>(host[0]),
                  static_cast<unsigned long long>(host[1]));
-    for (int c = 0; c < gp.grid; ++c) {
+    for (int c = 0; c < grid; ++c) {
       for (int i = 0; i < kTraceSlots; ++i)
         std::fprintf(f, i ? " %llu" : "%llu", static_cast<unsigned long long>(host[kTraceHeader + c * kTraceSlots + i]));
       std::fprintf(f, "\n");
@@ -295,6 +295,13 @@ void write_trace(const GemmParams& gp, const char* config, cudaStream_t stream) 
   }
   if (f) std::fclose(f);
   std::free(host);
+}
+
+void write_trace(const GemmParams& gp, const char* config, cudaStream_t stream) {
+  char header[256];
+  std::snprintf(header, sizeof(header), "%s m=%d n=%d k=%d grid=%d tiles=%d ktiles=%d", config, gp.m, gp.n, gp.k,
+                gp.grid, gp.tiles, gp.ktiles);
+  write_trace(gp.trace, gp.grid, header, stream);
 }
 #endif  // NVFP4_GEMM_DIAGNOSTICS
 
@@ -566,6 +573,9 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
         return false;
       }
     }
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+    wp.trace = trace_buffer_for_launch(pl.row_blocks * wp.splits, stream);
+#endif
     if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][bf16 ? 1 : 0](l));
         e != cudaSuccess) {
       if (err && err_len)
@@ -573,6 +583,14 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
                       l.row_blocks, wp.splits, wk_smem_bytes(c.tokens, c.stages), cudaGetErrorString(e));
       return false;
     }
+#ifdef NVFP4_GEMM_DIAGNOSTICS
+    if (wp.trace) {
+      char header[256];
+      std::snprintf(header, sizeof(header), "%s m=%d n=%d k=%d grid=%d splits=%d kb=%d", c.name, wp.m, wp.n, wp.k,
+                    pl.row_blocks * wp.splits, wp.splits, pl.kb);
+      write_trace(wp.trace, pl.row_blocks * wp.splits, header, stream);
+    }
+#endif
   }
   return true;
 }
@@ -700,13 +718,9 @@ bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
 
 // configs.h, kWkPick / kWkPick8: the K-sliced config that takes this problem, or -1.
 int wk_pick(const Problem& p, const DeviceInfo* dev) {
-  const bool small = p.m >= 1 && p.m <= 8;
-  if (!small && (p.m < kWkMinM || p.m > kWkMaxM)) return -1;
-  const int wk = config_index(small ? kWkPick8 : kWkPick);
-  if (wk < 0 || !can_run(&p, wk, dev, nullptr, 0)) return -1;
-  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  const WkPlan pl = make_wk_plan(p, wk, sms);
-  return (small ? pl.splits >= kWkMinSplits8 : pl.kb >= kWkMinStages) ? wk : -1;
+  if (p.m < 1 || p.m > kWkMaxM) return -1;
+  const int wk = config_index(p.m <= 8 ? kWkPick8 : kWkPick);
+  return wk >= 0 && can_run(&p, wk, dev, nullptr, 0) ? wk : -1;
 }
 
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
@@ -989,12 +1003,10 @@ const char* dispatch_rules() {
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
       if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
-        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name + " for 16-bit a where it splits K >= " +
-             std::to_string(kWkMinSplits8) + " ways (K % 256 == 0)";
-      if (r.m_max >= kWkMinM && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for 16-bit a at M " +
-             std::to_string(kWkMinM) + ".." + std::to_string(kWkMaxM) + " where each CTA streams >= " +
-             std::to_string(kWkMinStages) + " stages of K (K % 256 == 0)";
+        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name + " for 16-bit a (K % 256 == 0)";
+      if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
+        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for 16-bit a at M 9.." +
+             std::to_string(kWkMaxM) + " (K % 256 == 0)";
       if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
         t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
              " would run unsplit and it holds every row block in one wave";

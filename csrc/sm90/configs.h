@@ -110,20 +110,14 @@ inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 // B through its shared-memory ring (29.2-31.5 vs 34.4-34.6 us at (1, 28672, 4096), above).
 inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
 
-// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form (K % 256 == 0) where it measured faster (H100,
-// weight-only fp16, graph per call, same runs; docs/NOTES.md "v5"):
-//  - M 9..16, 16 tokens, where its plan gives every CTA at least kWkMinStages stages of K: (16, 28672, 4096)
-//    unsplit 35.5 us vs 51.9 for the ring config, (16, 4096, 14336) 8 splits of 7 stages 22.9 vs 24.8; but
-//    (16, 6144, 4096) 4 splits of 4 stages and (16, 4096, 4096) 8 of 2 stages stay 0.0-0.3 us behind the ring.
-//  - M 1..8, 8 tokens, where its plan splits K at least kWkMinSplits8 ways (a split K-sliced call needs no
-//    counter-reset launch, the register config does): (1, 1024 / 4096, 4096) 5.9 / 9.4 us vs 6.7 / 10.3,
-//    (1, 4096, 14336) 19.4 vs 20.6; unsplit (1, 28672, 4096) 32.5 vs 31.7 and 4 splits (1, 6144, 4096) 13.3 vs
-//    12.7 stay with the small-M configs.
+// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form (K % 256 == 0) at every M <= 16: 8 tokens at
+// M 1..8, 16 at M 9..16. Since its producer fills the pipeline only after the first stage has landed
+// (docs/NOTES.md v6; H100, weight-only fp16, graph per call, same run) it is ahead of the small-M configs on
+// every decode shape measured: (1, 6144, 4096) 10.4 us vs 12.7 for the register config, (16, 6144, 4096) 12.3
+// vs 15.6 and (16, 4096, 4096) 9.6 vs 10.9 for the ring config, (16, 1024, 4096) 6.7 vs 7.2.
 inline constexpr Pick kWkPick{Kind::kWarpK, 16};
 inline constexpr Pick kWkPick8{Kind::kWarpK, 8};
-inline constexpr int64_t kWkMinM = 9, kWkMaxM = 16;
-inline constexpr int kWkMinStages = 6;
-inline constexpr int kWkMinSplits8 = 8;
+inline constexpr int64_t kWkMaxM = 16;
 
 struct DispatchRow {
   int64_t m_max;  // the row takes M <= m_max (first match in order); -1: every M left

@@ -46,6 +46,7 @@
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
+#include "sm90/trace.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -91,29 +92,12 @@ struct GemmParams {
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
 };
 
-// Diagnostics builds (NVFP4_GEMM_DIAGNOSTICS=1 at build time, docs/SM90_NOTES.md) carry the timeline trace;
-// in any other build trace_of() is a constant nullptr and every stamp below compiles away.
-#ifdef NVFP4_GEMM_DIAGNOSTICS
-inline constexpr bool kDiagnostics = true;
-#else
-inline constexpr bool kDiagnostics = false;
-#endif
-
-// Timeline trace (NVFP4_GEMM_SM90_TRACE=<file>, backend.cu): %globaltimer stamps in ns.
+// Timeline trace of this kernel (NVFP4_GEMM_SM90_TRACE=<file>, backend.cu; sm90/trace.cuh).
 // Header: [0] prepass start, [1] start of its last block. Per CTA: [0] entry, [1] producer past the
 // grid dependency, [2] consumer past it, then per segment s (two at most): [3 + 3s] first stage full,
 // [4 + 3s] MMA done, [5 + 3s] epilogue done; [9] segment count | last-arriver bits << 8 | n_kt0 << 16 |
 // n_kt1 << 32; [10] SM id.
-inline constexpr int kTraceHeader = 16, kTraceSlots = 16;
 __device__ __forceinline__ uint64_t* trace_of(const GemmParams& p) { return kDiagnostics ? p.trace : nullptr; }
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void trace_at(uint64_t* trace, int cta, int slot, uint64_t v) {
-  if (trace) trace[kTraceHeader + cta * kTraceSlots + slot] = v;
-}
 
 // Balanced split ("stream-K" without waiting): the tiles x ktiles units are cut into `grid` equal
 // contiguous ranges. A tile whose units span several CTAs is summed by whichever of them arrives last,

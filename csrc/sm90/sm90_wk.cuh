@@ -34,7 +34,14 @@
 // last to arrive (atomic counter) sums them in split order, writes C and sets the counter back to zero
 // (split_counters.cuh: no reset launch ahead of this grid, where a slot is free).
 //
-// Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stages' B
+// Filling the pipeline: every CTA of a decode-size call starts at once, so if each asked for all its STAGES
+// at once, the memory system would hold the whole grid's pipelines (18 MB at (1, 4096, 14336)) in one queue and
+// every CTA's first stage would land only as that queue drained (5.0 us after entry on an H200, the consumers
+// idle until then). The producer asks for the first stage alone and the rest once it has landed: first stage at
+// 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md v6, from the
+// kernel's own timeline: benchmarks/diagnostics/wk_trace.py).
+//
+// Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stage's B
 // and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
 // the workspace and the counters, come after it, and the consumers wait before they touch global memory.
 #pragma once
@@ -55,6 +62,7 @@
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
 #include "sm90/split_counters.cuh"
+#include "sm90/trace.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -93,7 +101,13 @@ struct WkParams {
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
   float out_mult;       // 2^7
   OutDtype out_dtype;
+  uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
 };
+
+// Timeline trace (diagnostics builds, sm90/trace.cuh), per CTA (blockIdx.y * gridDim.x + blockIdx.x): [0] entry,
+// [1] producer past the grid dependency, [2] consumer warp 0 has its first stage, [3] its main loop done,
+// [4] the K slices summed, [5] the split counter taken, [6] exit, [9] 1 if it summed the splits, [10] SM id.
+__device__ __forceinline__ uint64_t* wk_trace(const WkParams& p) { return kDiagnostics ? p.trace : nullptr; }
 
 struct WkLaunch {
   WkParams params;
@@ -108,6 +122,13 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
           cute::cast_smem_ptr_to_uint(dst)),
       "l"(src), "r"(bytes), "r"(cute::cast_smem_ptr_to_uint(bar))
       : "memory");
+}
+
+// atom.add with acquire-release semantics at GPU scope: the old value.
+__device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 template <Elem E>
@@ -148,8 +169,11 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   const int kb0 = split * p.kb_per_cta;
   const int nkb = min(p.kb_per_cta, p.kblocks - kb0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cta = blockIdx.y * gridDim.x + blockIdx.x;
 
   if (threadIdx.x == 0) {
+    trace_at(wk_trace(p), cta, 0, global_ns());
+    trace_at(wk_trace(p), cta, 10, sm_id());
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
       EmptyBarrier::init(&empty_bar[s], kWkConsumers / 32);
@@ -180,10 +204,16 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
         for (int q = 0; q < 4; ++q)
           cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
       };
+      // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
       const int pre = min(STAGES, nkb);
-      for (int x = 0; x < pre; ++x) load_b(kb0 + x, x);
+      load_b(kb0, 0);
       cudaGridDependencySynchronize();  // A is the kernel ahead's output
-      for (int x = 0; x < pre; ++x) load_a(kb0 + x, x);
+      trace_at(wk_trace(p), cta, 1, global_ns());
+      load_a(kb0, 0);
+      if (pre > 1) {
+        Barrier::wait(&full_bar[0], 0);
+        for (int x = 1; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+      }
       int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
       for (int i = pre; i < nkb; ++i) {
         EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
@@ -221,6 +251,7 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   int s = 0, phase = 0;
   for (int i = 0; i < nkb; ++i) {
     Barrier::wait(&full_bar[s], phase);
+    if (i == 0 && threadIdx.x == 0) trace_at(wk_trace(p), cta, 2, global_ns());
     const uint8_t* st = smem + s * kStage;
     uint32_t af[NT][8];  // pairs in decode_word's order: [4 h + x] is pair x of elements 8 h .. 8 h + 7
 #pragma unroll
@@ -257,6 +288,8 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   }
 
   cudaTriggerProgrammaticLaunchCompletion();  // past the main loop: the successor may launch
+  uint64_t* const trace = threadIdx.x == 0 ? wk_trace(p) : nullptr;
+  trace_at(trace, cta, 3, global_ns());
 
   // The 4 K slices of each (row, token), summed in slice order through shared memory. Every stage has been
   // waited for by every consumer, so no copy is still landing in the pipeline's bytes.
@@ -283,30 +316,42 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     const float* r = red + token * kWkRedStride + row;
     v[x] = ((r[0] + r[TOKENS * kWkRedStride]) + r[2 * TOKENS * kWkRedStride]) + r[3 * TOKENS * kWkRedStride];
   }
+  trace_at(trace, cta, 4, global_ns());
   if (p.splits > 1) {
     float* mine = p.partial + (static_cast<int64_t>(rb) * p.splits + split) * (TOKENS * kWkRows);
 #pragma unroll
     for (int x = 0; x < kPer; ++x) __stcg(mine + x * kWkConsumers + t, v[x]);
-    __threadfence();
+    // The CTA's stores are ordered before thread 0's release by the barrier; its acquire orders the last
+    // arriver's loads after every split's release (one fence for the CTA, not one per thread).
     cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
     uint32_t* counters = split_counters(p.counter_slot, p.counters);
     if (t == 0) {
-      s_last = atomicAdd(counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
+      s_last = atomic_add_acq_rel(counters + rb, 1u) == static_cast<uint32_t>(p.splits - 1);
       if (s_last) counters[rb] = 0;  // every split has arrived: zero for the next launch on this slot
     }
     cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
-    if (!s_last) return;
-    __threadfence();
-    // Split order, whatever the arrival order: the same bits on every call.
+    trace_at(trace, cta, 5, global_ns());
+    trace_at(trace, cta, 9, s_last);
+    if (!s_last) {
+      trace_at(trace, cta, 6, global_ns());
+      return;
+    }
+    // Split order, whatever the arrival order: the same bits on every call. The partials of kBatch splits are
+    // all loaded before any is added, so the sum waits one L2 round trip per kBatch splits, not one per split.
+    constexpr int kBatch = 32 / kPer;
     const float* base = p.partial + static_cast<int64_t>(rb) * p.splits * (TOKENS * kWkRows) + t;
+    for (int q0 = 0; q0 < p.splits; q0 += kBatch) {
+      float w[kBatch][kPer];
 #pragma unroll
-    for (int x = 0; x < kPer; ++x) v[x] = __ldcg(base + x * kWkConsumers);
-    for (int q = 1; q < p.splits; ++q) {
-      float w[kPer];
+      for (int b = 0; b < kBatch; ++b)
 #pragma unroll
-      for (int x = 0; x < kPer; ++x) w[x] = __ldcg(base + static_cast<int64_t>(q) * (TOKENS * kWkRows) + x * kWkConsumers);
+        for (int x = 0; x < kPer; ++x)
+          if (q0 + b < p.splits) w[b][x] = __ldcg(base + static_cast<int64_t>(q0 + b) * (TOKENS * kWkRows) + x * kWkConsumers);
 #pragma unroll
-      for (int x = 0; x < kPer; ++x) v[x] += w[x];
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int x = 0; x < kPer; ++x)
+          if (q0 + b < p.splits) v[x] = q0 + b == 0 ? w[b][x] : v[x] + w[b][x];
     }
   }
   const float scale = p.alpha ? p.out_mult * alpha_of(p.alpha, p.alpha2) : p.out_mult;
@@ -319,6 +364,7 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
       default: wk_store<float>(p, token, col, v[x] * scale); break;
     }
   }
+  trace_at(trace, cta, 6, global_ns());
 }
 
 template <int TOKENS, int STAGES, int CTAS, Elem E>
