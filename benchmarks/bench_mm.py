@@ -95,6 +95,21 @@ def weight_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * (k // 16)
 
 
+def sets_over_l2(m: int, n: int, k: int, l2: int, device: torch.device, seed0: int = 0,
+                 max_sets: int | None = None, x_dtype: torch.dtype | None = None) -> list[dict]:
+    """The smallest number (>= 2, at most max_sets) of make_set operand sets whose weights together exceed
+    3x L2, seeds seed0, seed0 + 1, ...; with x_dtype each also carries x, its A decoded to that dtype (the
+    weight-only form's activations)."""
+    r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
+    if max_sets:
+        r = min(r, max_sets)
+    sets = [make_set(m, n, k, seed=seed0 + i, device=device) for i in range(r)]
+    if x_dtype is not None:
+        for s in sets:
+            s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, x_dtype)
+    return sets
+
+
 def build(variant: str, sets: list[dict], k: int, device: torch.device, reader: Reader) -> tuple[list, float | None]:
     """The R calls of a variant (one per operand set), and the factor its output needs to match
     alpha * A @ B^T (None: no output to check)."""
@@ -135,10 +150,8 @@ def run_shape(m: int, n: int, k: int, variants: list[str], timer: Timer, reader:
               max_sets: int | None, shape_index: int) -> dict:
     device = timer.device
     wb = weight_bytes(n, k)
-    r = max(2, 3 * l2 // wb + 1)  # the smallest count whose weights exceed 3x L2
-    if max_sets:
-        r = min(r, max_sets)
-    sets = [make_set(m, n, k, seed=100 * shape_index + i, device=device) for i in range(r)]
+    sets = sets_over_l2(m, n, k, l2, device, seed0=100 * shape_index, max_sets=max_sets)
+    r = len(sets)
     s0 = sets[0]
     ref = (nvfp4_gemm.dequantize(s0["a"], s0["sfa"], k) @ nvfp4_gemm.dequantize(s0["b"], s0["sfb"], k).T) * float(s0["alpha"])
     row = dict(m=m, n=n, k=k, sets=r, weight_bytes_total=r * wb, l2_bytes=l2, read_bytes=read_bytes(m, n, k), variants={})

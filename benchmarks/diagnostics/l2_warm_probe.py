@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
 from _timing import Reader, Timer, l2_bytes  # noqa: E402
-from bench_mm import make_set, weight_bytes  # noqa: E402
+from bench_mm import sets_over_l2  # noqa: E402
 
 SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 
@@ -42,10 +42,8 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()} L2 {l2 / 2**20:.0f} MiB", flush=True)
     for m in (int(v) for v in args.m.split(",")):
         for n, k in shapes:
-            r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
-            sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
-            for s in sets:
-                s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16)
+            sets = sets_over_l2(m, n, k, l2, dev, x_dtype=torch.float16)
+            r = len(sets)
             gemm = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
             cold = timer.graph_us(gemm)
             line = [f"({m}, {n}, {k}) R={r}: cold {cold:.2f}"]

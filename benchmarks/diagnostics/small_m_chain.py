@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
 from _timing import Reader, Timer, env, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
-from bench_mm import make_set, read_bytes, weight_bytes  # noqa: E402
+from bench_mm import read_bytes, sets_over_l2  # noqa: E402
 
 SHAPES_8B = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
@@ -53,11 +53,9 @@ def main() -> None:
     hum = humming_reason(dev) is None
     for m in (int(v) for v in args.m.split(",")):
         for n, k in shapes:
-            r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
-            sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
+            sets = sets_over_l2(m, n, k, l2, dev, x_dtype=torch.float16 if args.weight_only else None)
+            r = len(sets)
             if args.weight_only:  # fp16 activations: the dequantized A of each set
-                for s in sets:
-                    s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16)
                 ours = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
             else:
                 ours = [lambda s=s: nvfp4_gemm.mm(s["a"], s["b"], s["sfa"], s["sfb"], alpha=s["alpha"]) for s in sets]

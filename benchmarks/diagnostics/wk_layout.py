@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import nvfp4_gemm  # noqa: E402
 from nvfp4_gemm.testing import check_against_reference  # noqa: E402
 from _timing import Reader, Timer, env, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
-from bench_mm import make_set, read_bytes, weight_bytes  # noqa: E402
+from bench_mm import read_bytes, sets_over_l2  # noqa: E402
 
 SHAPES = ((1024, 4096), (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 WK = ("sm90_nvfp4_wk_w128xt8xk256_s4_b2_tma_mma16816", "sm90_nvfp4_wk_w128xt16xk256_s4_b2_tma_mma16816")
@@ -48,10 +48,9 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()} layout={'prepared' if args.tiled else 'row-major'}", flush=True)
     for m in (int(v) for v in args.m.split(",")):
         for n, k in shapes:
-            r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
-            sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
+            sets = sets_over_l2(m, n, k, l2, dev, x_dtype=torch.float16)
+            r = len(sets)
             for s in sets:
-                s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16)
                 s["bk"] = tiled_bytes(s["b"]) if args.tiled else s["b"]
             line = [f"({m}, {n}, {k}) R={r}:"]
             bufs = [reader.buffer(read_bytes(m, n, k), seed=1000 + i) for i in range(r)]

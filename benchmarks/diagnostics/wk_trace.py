@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
 from _timing import Timer, env, l2_bytes  # noqa: E402
-from bench_mm import make_set, weight_bytes  # noqa: E402
+from bench_mm import sets_over_l2  # noqa: E402
 
 SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 
@@ -74,10 +74,7 @@ def main() -> None:
     print("# shape config grid | " + " ".join(keys) + " | SMs", flush=True)
     for m in (int(v) for v in args.m.split(",")):
         for n, k in shapes:
-            r = max(2, 3 * l2 // weight_bytes(n, k) + 1)
-            sets = [make_set(m, n, k, seed=i, device=dev) for i in range(r)]
-            for s in sets:
-                s["x"] = nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16)
+            sets = sets_over_l2(m, n, k, l2, dev, x_dtype=torch.float16)
             call = lambda s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"])
             with env("NVFP4_GEMM_CONFIG", args.config):
                 for s in sets:
