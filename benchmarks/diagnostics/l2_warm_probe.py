@@ -1,12 +1,17 @@
 """How much faster a small-M weight-only GEMM runs when (part of) its weight already sits in L2: the premise of
-prefetching the next layer's weight while the kernels between two GEMMs leave DRAM idle (docs/NOTES.md v6).
+prefetching the next GEMM's weight while the kernels between two GEMMs leave DRAM idle (docs/NOTES.md v6).
 
-Per shape: R distinct operand sets (weights > 3x L2), per-call times from one CUDA graph of R calls:
-  cold      the GEMM alone (what bench_mm reports);
-  warm f    [read the first fraction f of b's bytes and all of sfb, GEMM] minus [the same reads alone]:
-            the GEMM's time when that part of its weight is L2-resident.
+Per shape: R distinct operand sets (weights > 3x L2), per-call times from one CUDA graph per variant:
+  chain     R GEMMs back to back (what bench_mm reports; each overlaps the one ahead through PDL)
+  after W   [W, GEMM] per set minus [W] per set: the GEMM after a kernel W that does not trigger programmatic
+            launch, as in a model, where
+    decoy   W reads a same-shaped tensor that is not this GEMM's weight: the baseline of the two below
+    stage0  W reads what the GEMM's first pipeline stage needs: the first 128 bytes of every weight row and
+            the first 4 scale atoms of every 128-row block
+    full    W reads all of b and sfb
+So stage0 - decoy and full - decoy are what an L2 prefetch of that part would save, launch for launch.
 
-    python benchmarks/diagnostics/l2_warm_probe.py [--m 1,16] [--shapes NxK,...] [--fractions 0.25,0.5,1]
+    python benchmarks/diagnostics/l2_warm_probe.py [--m 1,16] [--shapes NxK,...]
 """
 from __future__ import annotations
 
@@ -24,41 +29,55 @@ from bench_mm import sets_over_l2  # noqa: E402
 SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 
 
-def words(t: torch.Tensor, fraction: float) -> torch.Tensor:
-    flat = t.contiguous().view(torch.uint8).view(-1)
-    n = int(flat.numel() * fraction) // 64 * 64
-    return flat[:n].view(torch.int32)
+def stage0_reader(b: torch.Tensor, sfb: torch.Tensor, k: int):
+    """One kernel-pair that reads the lines the first 256-K stage of every 128-row block reads."""
+    atoms = sfb.contiguous().view(torch.uint8).view(-1, k // 64, 512)
+
+    def run():
+        return b[:, :128].sum(dtype=torch.int32), atoms[:, :4].sum(dtype=torch.int32)
+
+    return run
+
+
+def full_reader(reader: Reader, b: torch.Tensor, sfb: torch.Tensor):
+    words = [t.contiguous().view(torch.uint8).view(-1) for t in (b, sfb)]
+    words = [w[: w.numel() // 64 * 64].view(torch.int32) for w in words]
+    calls = [reader.call(w) for w in words]
+
+    def run():
+        return [c() for c in calls]
+
+    return run
+
+
+def after(timer: Timer, warms: list, gemms: list) -> float:
+    """Per-call time of the GEMMs when each follows its warm-up kernel, the warm-ups' own time taken out."""
+    alone = timer.graph_us(warms)
+    both = timer.graph_us([f for pair in zip(warms, gemms) for f in pair]) * 2
+    return both - alone
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="1,16")
     ap.add_argument("--shapes", default=None)
-    ap.add_argument("--fractions", default="0.25,0.5,1")
     args = ap.parse_args()
     dev = torch.device("cuda")
     timer, reader, l2 = Timer(dev, 20), Reader(dev), l2_bytes(dev, None)
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    print(f"# {torch.cuda.get_device_name()} L2 {l2 / 2**20:.0f} MiB", flush=True)
+    print(f"# {torch.cuda.get_device_name()} L2 {l2 / 2**20:.0f} MiB; us per call", flush=True)
     for m in (int(v) for v in args.m.split(",")):
         for n, k in shapes:
             sets = sets_over_l2(m, n, k, l2, dev, x_dtype=torch.float16)
-            r = len(sets)
-            gemm = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
-            cold = timer.graph_us(gemm)
-            line = [f"({m}, {n}, {k}) R={r}: cold {cold:.2f}"]
-            for f in (float(v) for v in args.fractions.split(",")):
-                reads = []
-                for s in sets:
-                    reads.append([reader.call(words(s["b"], f)), reader.call(words(s["sfb"], 1.0))])
-                only = timer.graph_us([c for pair in reads for c in pair]) * 2
-                both = []
-                for pair, g in zip(reads, gemm):
-                    both += [pair[0], pair[1], g]
-                with_gemm = timer.graph_us(both) * 3
-                line.append(f"warm {f:g}: {with_gemm - only:.2f} (reads {only:.2f})")
-            print(" ".join(line), flush=True)
-            del sets, gemm
+            gemms = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
+            decoy_b, decoy_sf = torch.empty_like(sets[0]["b"]), torch.empty_like(sets[0]["sfb"])
+            row = {"chain": timer.graph_us(gemms)}
+            row["decoy stage0"] = after(timer, [stage0_reader(decoy_b, decoy_sf, k)] * len(sets), gemms)
+            row["stage0"] = after(timer, [stage0_reader(s["b"], s["sfb"], k) for s in sets], gemms)
+            row["decoy full"] = after(timer, [full_reader(reader, decoy_b, decoy_sf)] * len(sets), gemms)
+            row["full"] = after(timer, [full_reader(reader, s["b"], s["sfb"]) for s in sets], gemms)
+            print(f"({m}, {n}, {k}) R={len(sets)}: " + "  ".join(f"{key} {v:.2f}" for key, v in row.items()), flush=True)
+            del sets, gemms, decoy_b, decoy_sf
             torch.cuda.empty_cache()
 
 
