@@ -82,6 +82,37 @@ constexpr int wk_smem_bytes(int tokens, int stages) {
   return (pipe > wk_red_bytes(tokens) ? pipe : wk_red_bytes(tokens)) + 2 * stages * 8 + 1024;
 }
 
+// Experiment (backend.cu, set_prefetch_chain): after its loads, this grid prefetches into L2 what the first
+// pipeline stage of every CTA of the next K-sliced GEMM in the model will read: for every row of the next
+// weight and every split start s < starts, 128 bytes at b + row * ldb + s * start_bytes, and for every 128-row
+// block, the 2 KB of scale atoms at sf + block * sf_block_bytes + s * sf_start_bytes.
+struct WkPrefetch {
+  const uint8_t* b = nullptr;
+  const uint8_t* sf = nullptr;
+  int64_t ldb = 0, sf_block_bytes = 0;
+  int rows = 0, starts = 0, start_bytes = 0, sf_start_bytes = 0;
+};
+
+// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned): a hint, nothing waits on it.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
+// The producer warp's share of a WkPrefetch: CTA c of `ctas` takes an even slice of the (row, start) lines and of
+// the (row block, start) scale runs, spread over its 32 lanes.
+__device__ __forceinline__ void prefetch_next(const WkPrefetch& pf, int c, int ctas, int lane) {
+  const int lines = pf.rows * pf.starts, blocks = (pf.rows + 127) / 128 * pf.starts;
+  for (int u = static_cast<int>(static_cast<int64_t>(c) * lines / ctas) + lane,
+           end = static_cast<int>(static_cast<int64_t>(c + 1) * lines / ctas);
+       u < end; u += 32)
+    prefetch_l2(pf.b + (u / pf.starts) * pf.ldb + (u % pf.starts) * static_cast<int64_t>(pf.start_bytes), 128);
+  for (int u = static_cast<int>(static_cast<int64_t>(c) * blocks / ctas) + lane,
+           end = static_cast<int>(static_cast<int64_t>(c + 1) * blocks / ctas);
+       u < end; u += 32)
+    prefetch_l2(pf.sf + (u / pf.starts) * pf.sf_block_bytes + (u % pf.starts) * static_cast<int64_t>(pf.sf_start_bytes),
+                kWkSfBytes);
+}
+
 struct WkParams {
   CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}, SWIZZLE_128B
   CUtensorMap tmap_b;   // B: row-major [N][K/2] bytes, box {128, 128}; or tiles [tiles][128][128], box {128, 128, 1}
@@ -99,6 +130,7 @@ struct WkParams {
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
+  WkPrefetch prefetch;  // experiments only: the next GEMM's first-stage lines to bring into L2 (pf.b null: none)
   float out_mult;       // 2^7
   OutDtype out_dtype;
   uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
@@ -222,6 +254,8 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
         if (++s == STAGES) s = 0, phase ^= 1;
       }
     }
+    __syncwarp();  // every load of this grid's CTA is issued: now the next GEMM's first stages (experiment)
+    if (p.prefetch.b) prefetch_next(p.prefetch, cta, gridDim.x * gridDim.y, lane);
     return;
   }
 
