@@ -588,6 +588,9 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   wp.counter_slot = pl.partial_bytes ? split_counter_slot(pl.row_blocks, stream) : -1;
   wp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
   wp.prefetch = chain_prefetch(p->b, std::min<int64_t>(p->m, c.tokens), config, num_sms_of_current_device());
+  // Experiment knob (read per call): NVFP4_GEMM_SM90_WK_CLUSTER=1 asks for the cluster split sum (launch_wk).
+  if (const char* env = std::getenv("NVFP4_GEMM_SM90_WK_CLUSTER"); env && std::strcmp(env, "1") == 0)
+    wp.cluster = pl.splits > 1;
   wp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
   l.stream = stream;
