@@ -170,11 +170,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
-// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned): a hint, nothing waits on it.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // atom.add with acquire-release semantics at GPU scope: the old value.
 __device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
   uint32_t old;
