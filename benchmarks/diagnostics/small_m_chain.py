@@ -18,8 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
-from _timing import Reader, Timer, env, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
-from bench_mm import read_bytes, sets_over_l2  # noqa: E402
+from _timing import Reader, Timer, env, humming_reason, l2_bytes  # noqa: E402
+from bench_mm import build, sets_over_l2  # noqa: E402
 
 SHAPES_8B = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
@@ -60,15 +60,10 @@ def main() -> None:
             else:
                 ours = [lambda s=s: nvfp4_gemm.mm(s["a"], s["b"], s["sfa"], s["sfb"], alpha=s["alpha"]) for s in sets]
             line = [f"({m}, {n}, {k}) R={r}:"]
-            bufs = [reader.buffer(read_bytes(m, n, k), seed=1000 + i) for i in range(r)]
-            read = timer.graph_us([reader.call(b) for b in bufs])
+            read = timer.graph_us(build("read", sets, k, dev, reader)[0])
             line.append(f"read {read:.2f}")
-            del bufs
             if hum:
-                acts = [nvfp4_gemm.dequantize(s["a"], s["sfa"], k, torch.float16) for s in sets]
-                layers = [humming_w4a16(s["b"], s["sfb"], s["alpha"], torch.float16) for s in sets]
-                line.append(f"humming {timer.graph_us([lambda f=f, a=a: f(a) for f, a in zip(layers, acts)]):.2f}")
-                del acts, layers
+                line.append(f"humming {timer.graph_us(build('humming', sets, k, dev, reader)[0]):.2f}")
             for sp in (int(v) for v in args.splits.split(",")):
                 torch.ops.nvfp4_gemm._sm90_force_splits(sp)
                 t = timer.graph_us(ours)

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import nvfp4_gemm  # noqa: E402
 from nvfp4_gemm.testing import check_against_reference  # noqa: E402
-from _timing import Reader, Timer, env, humming_reason, humming_w4a16, l2_bytes  # noqa: E402
-from bench_mm import read_bytes, sets_over_l2  # noqa: E402
+from _timing import Reader, Timer, env, humming_reason, l2_bytes  # noqa: E402
+from bench_mm import build, sets_over_l2  # noqa: E402
 
 SHAPES = ((1024, 4096), (4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 WK = ("sm90_nvfp4_wk_w128xt8xk256_s4_b2_tma_mma16816", "sm90_nvfp4_wk_w128xt16xk256_s4_b2_tma_mma16816")
@@ -53,14 +53,10 @@ def main() -> None:
             for s in sets:
                 s["bk"] = tiled_bytes(s["b"]) if args.tiled else s["b"]
             line = [f"({m}, {n}, {k}) R={r}:"]
-            bufs = [reader.buffer(read_bytes(m, n, k), seed=1000 + i) for i in range(r)]
-            read = timer.graph_us([reader.call(b) for b in bufs])
+            read = timer.graph_us(build("read", sets, k, dev, reader)[0])
             line.append(f"read {read:.2f}")
-            del bufs
             if hum:
-                layers = [humming_w4a16(s["b"], s["sfb"], s["alpha"], torch.float16) for s in sets]
-                line.append(f"humming {timer.graph_us([lambda f=f, s=s: f(s['x']) for f, s in zip(layers, sets)]):.2f}")
-                del layers
+                line.append(f"humming {timer.graph_us(build('humming', sets, k, dev, reader)[0]):.2f}")
             if not args.tiled:
                 auto = [lambda s=s: nvfp4_gemm.mm(s["x"], s["b"], None, s["sfb"], alpha=s["alpha"]) for s in sets]
                 t = timer.graph_us(auto)
