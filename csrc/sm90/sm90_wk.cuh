@@ -44,9 +44,11 @@
 // 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md v6, from the
 // kernel's own timeline: benchmarks/diagnostics/wk_trace.py).
 //
-// Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stage's B
-// and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
-// the workspace and the counters, come after it, and the consumers wait before they touch global memory.
+// Programmatic dependent launch: before griddepcontrol.wait the producer only asks L2 to prefetch the first
+// stage's B and scales. A prefetch reads nothing into the CTA, so it is right even where the kernel ahead wrote
+// B (quantize, then mm at once on the same stream: that kernel's writes are visible only after the wait). Every
+// load into shared memory, and so every write to C, the workspace and the counters, comes after the wait, and
+// the consumers wait before they touch global memory.
 #pragma once
 
 #include <cuda.h>
@@ -261,9 +263,14 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
       };
       // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
       const int pre = min(STAGES, nkb);
-      load_b(kb0, 0);
-      cudaGridDependencySynchronize();  // A is the kernel ahead's output
+      if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
+        cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
+      else
+        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
+      prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
+      cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
       trace_at(wk_trace(p), cta, 1, global_ns());
+      load_b(kb0, 0);
       load_a(kb0, 0);
       if (pre > 1) {
         Barrier::wait(&full_bar[0], 0);
