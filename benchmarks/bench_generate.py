@@ -23,8 +23,6 @@ Variants (the same random weights, seeded, for every variant; one model alive at
   fp16              the float model (the 1.00 of every ratio)
   wo, wo_unfused    quantize_model(weight_only=True), fused q/k/v and gate/up (default) / the same NVFP4
                     tensors with one GEMM per projection (unfuse_projections)
-  wo_prefetch       experiment (sm90 builds that have _sm90_prefetch_chain): wo with each K-sliced GEMM
-                    prefetching the first pipeline stage of the next GEMM's weight into L2 (docs/NOTES.md v6)
   humming           humming-kernels W4A16 on wo's NVFP4 tensors, one layer per projection (_timing's adapter,
                     behind a custom op so that torch.compile keeps it whole); 'missing' where not importable
   static, static_unfused     W4A4 with input scales calibrated on one 256-token forward
@@ -66,28 +64,11 @@ except ImportError:  # an in-place build run from a checkout
 
 from _timing import Timer, fmt, free_memory, humming_reason, humming_w4a16, md_table, parse_choices, run_meta  # noqa: E402
 
-VARIANTS = ("fp16", "wo", "wo_prefetch", "wo_unfused", "humming", "static", "static_unfused", "dynamic",
-            "dynamic_unfused")
+VARIANTS = ("fp16", "wo", "wo_unfused", "humming", "static", "static_unfused", "dynamic", "dynamic_unfused")
 # variant -> (quantize_model mode, fused); the variants of one mode share one quantization
-MODE_OF = {"wo": "weight_only", "wo_prefetch": "weight_only", "wo_unfused": "weight_only", "humming": "weight_only",
-           "static": "static", "static_unfused": "static", "dynamic": "dynamic", "dynamic_unfused": "dynamic"}
-FUSED = {"wo", "wo_prefetch", "static", "dynamic"}
-DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "wo_prefetch")  # an experiment: asked for by name
-
-
-def gemm_weights_in_run_order(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The packed weights and blocked scales of the model's NVFP4 GEMMs in the order a forward runs them: one per
-    fused group (its lead part), one per unfused NVFP4Linear, in module order (a decoder's q/k/v, o, gate/up, down)."""
-    weights, scales = [], []
-    for m in model.modules():
-        if isinstance(m, nvfp4_gemm.fused.FusedNVFP4Linear) and m._group is not None and m._group.valid:
-            if m._index == 0:
-                weights.append(m._group.weight)
-                scales.append(m._group.weight_scale)
-        elif isinstance(m, nvfp4_gemm.NVFP4Linear):
-            weights.append(m.weight)
-            scales.append(m.weight_scale)
-    return weights, scales
+MODE_OF = {"wo": "weight_only", "wo_unfused": "weight_only", "humming": "weight_only", "static": "static",
+           "static_unfused": "static", "dynamic": "dynamic", "dynamic_unfused": "dynamic"}
+FUSED = {"wo", "static", "dynamic"}
 # Llama-3-8B (config.json of meta-llama/Meta-Llama-3-8B), random weights.
 CONFIG_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
@@ -477,16 +458,7 @@ def run_family(mode: str | None, variants: list[str], args, timer: Timer, clock:
                 to_humming(model)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            if v.endswith("_prefetch") and not (cuda and hasattr(torch.ops.nvfp4_gemm, "_sm90_prefetch_chain")):
-                add_row(dict(rec, missing="needs CUDA and an sm90 build"))
-                continue
-            if v.endswith("_prefetch"):  # experiment: each GEMM prefetches the next one's first stage into L2
-                torch.ops.nvfp4_gemm._sm90_prefetch_chain(*gemm_weights_in_run_order(model))
-            try:
-                rec.update(time_variant(v, model, args, timer, clock, baseline))
-            finally:
-                if v.endswith("_prefetch"):
-                    torch.ops.nvfp4_gemm._sm90_prefetch_chain([], [])
+            rec.update(time_variant(v, model, args, timer, clock, baseline))
             if cuda:
                 rec["run_peak_bytes"] = torch.cuda.max_memory_allocated(device)
         except Exception as e:  # one variant's failure must not lose the others' figures
@@ -619,7 +591,7 @@ def parse_ints(text: str, flag: str) -> list[int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny Llama, no compile or graphs")
-    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; --smoke 2)")
     ap.add_argument("--batch", default=None, help="decode batch sizes (default 1,16; --smoke 1,2)")
     ap.add_argument("--context", type=int, default=None, help="tokens in the cache before the step (512; --smoke 16)")

@@ -14,7 +14,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "common/problem.h"
 #include "common/stream_slots.h"
@@ -519,41 +518,6 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
   return pl;
 }
 
-// Experiment (torch.ops.nvfp4_gemm._sm90_prefetch_chain, module.cpp): the weights of a model's K-sliced GEMMs in
-// the order they run; a call on one of them prefetches the first pipeline stage of the next (WkPrefetch).
-// Pointers only: the caller keeps the tensors alive and clears the chain (count 0) before they go.
-struct ChainLink {
-  const uint8_t* b;
-  const uint8_t* sfb;
-  int64_t ldb, n, k;
-};
-std::mutex g_chain_mutex;
-std::vector<ChainLink> g_chain;
-std::atomic<bool> g_chain_set{false};
-
-// The WkPrefetch for a K-sliced call on weight b with `m` rows of A under `config`, or none.
-WkPrefetch chain_prefetch(const uint8_t* b, int64_t m, int config, int sms) {
-  WkPrefetch pf;
-  if (!g_chain_set.load(std::memory_order_relaxed)) return pf;
-  std::lock_guard<std::mutex> lock(g_chain_mutex);
-  for (size_t i = 0; i + 1 < g_chain.size(); ++i) {
-    if (g_chain[i].b != b) continue;
-    const ChainLink& next = g_chain[i + 1];
-    if (next.k % kWkK != 0 || next.n > INT_MAX / 64) return pf;
-    Problem q{};
-    q.m = m, q.n = next.n, q.k = next.k;
-    const WkPlan pl = make_wk_plan(q, config, sms);
-    pf.b = next.b, pf.sf = next.sfb, pf.ldb = next.ldb;
-    pf.rows = static_cast<int>(next.n);
-    pf.starts = pl.splits;
-    pf.start_bytes = pl.kb * (kWkK / 2);
-    pf.sf_block_bytes = (next.k / 64) * kSfAtomBytes;
-    pf.sf_start_bytes = pl.kb * 4 * kSfAtomBytes;
-    return pf;
-  }
-  return pf;
-}
-
 bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
@@ -587,10 +551,6 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   // A slot's counters (no reset launch): measured 1.9 us faster per call at (16, 4096, 14336) (docs/NOTES.md v5).
   wp.counter_slot = pl.partial_bytes ? split_counter_slot(pl.row_blocks, stream) : -1;
   wp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
-  wp.prefetch = chain_prefetch(p->b, std::min<int64_t>(p->m, c.tokens), config, num_sms_of_current_device());
-  // Experiment knob (read per call): NVFP4_GEMM_SM90_WK_CLUSTER=1 asks for the cluster split sum (launch_wk).
-  if (const char* env = std::getenv("NVFP4_GEMM_SM90_WK_CLUSTER"); env && std::strcmp(env, "1") == 0)
-    wp.cluster = pl.splits > 1;
   wp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
   l.stream = stream;
@@ -1087,15 +1047,6 @@ const char* dispatch_rules() {
     return t;
   }();
   return text.c_str();
-}
-
-int set_prefetch_chain(const uint8_t* const* b, const uint8_t* const* sfb, const int64_t* ldb, const int64_t* n,
-                       const int64_t* k, int count) {
-  std::lock_guard<std::mutex> lock(g_chain_mutex);
-  g_chain.clear();
-  for (int i = 0; i < count; ++i) g_chain.push_back(ChainLink{b[i], sfb[i], ldb[i], n[i], k[i]});
-  g_chain_set.store(count > 1, std::memory_order_relaxed);
-  return count;
 }
 
 int set_forced_splits(int splits) {

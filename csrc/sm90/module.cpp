@@ -14,27 +14,4 @@ TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
                 "(0: automatic), got ", splits);
     return nvfp4_gemm::sm90::set_forced_splits(static_cast<int>(splits));
   });
-  // Experiment (benchmarks/bench_generate.py --prefetch-chain): the packed weights and blocked scales of a model's
-  // K-sliced GEMMs in run order; each such call then prefetches the next one's first pipeline stage into L2. An
-  // empty list clears it; the caller keeps the tensors alive until then.
-  m.def("_sm90_prefetch_chain(Tensor[] weights, Tensor[] weight_scales) -> int",
-        [](const std::vector<at::Tensor>& w, const std::vector<at::Tensor>& sf) -> int64_t {
-          TORCH_CHECK(w.size() == sf.size(), "nvfp4_gemm._sm90_prefetch_chain: ", w.size(), " weights but ",
-                      sf.size(), " weight_scales");
-          std::vector<const uint8_t*> b, s;
-          std::vector<int64_t> ldb, n, k;
-          for (size_t i = 0; i < w.size(); ++i) {
-            TORCH_CHECK(w[i].is_cuda() && w[i].scalar_type() == at::kByte && w[i].dim() == 2 && w[i].stride(1) == 1 &&
-                            sf[i].is_cuda() && sf[i].is_contiguous(),
-                        "nvfp4_gemm._sm90_prefetch_chain: weight ", i, " must be a CUDA uint8 [N, K/2] tensor with unit "
-                        "stride along K and its scales contiguous on CUDA");
-            b.push_back(static_cast<const uint8_t*>(w[i].data_ptr()));
-            s.push_back(static_cast<const uint8_t*>(sf[i].data_ptr()));
-            ldb.push_back(w[i].size(0) > 1 ? w[i].stride(0) : w[i].size(1));
-            n.push_back(w[i].size(0));
-            k.push_back(w[i].size(1) * 2);
-          }
-          return nvfp4_gemm::sm90::set_prefetch_chain(b.data(), s.data(), ldb.data(), n.data(), k.data(),
-                                                       static_cast<int>(w.size()));
-        });
 }

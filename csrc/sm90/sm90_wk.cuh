@@ -56,7 +56,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cooperative_groups.h>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm80.hpp>
@@ -90,37 +89,6 @@ constexpr int wk_smem_bytes(int tokens, int stages, bool a4) {
   return (pipe > wk_red_bytes(tokens) ? pipe : wk_red_bytes(tokens)) + 2 * stages * 8 + 1024;
 }
 
-// Experiment (backend.cu, set_prefetch_chain): after its loads, this grid prefetches into L2 what the first
-// pipeline stage of every CTA of the next K-sliced GEMM in the model will read: for every row of the next
-// weight and every split start s < starts, 128 bytes at b + row * ldb + s * start_bytes, and for every 128-row
-// block, the 2 KB of scale atoms at sf + block * sf_block_bytes + s * sf_start_bytes.
-struct WkPrefetch {
-  const uint8_t* b = nullptr;
-  const uint8_t* sf = nullptr;
-  int64_t ldb = 0, sf_block_bytes = 0;
-  int rows = 0, starts = 0, start_bytes = 0, sf_start_bytes = 0;
-};
-
-// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned): a hint, nothing waits on it.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
-// The producer warp's share of a WkPrefetch: CTA c of `ctas` takes an even slice of the (row, start) lines and of
-// the (row block, start) scale runs, spread over its 32 lanes.
-__device__ __forceinline__ void prefetch_next(const WkPrefetch& pf, int c, int ctas, int lane) {
-  const int lines = pf.rows * pf.starts, blocks = (pf.rows + 127) / 128 * pf.starts;
-  for (int u = static_cast<int>(static_cast<int64_t>(c) * lines / ctas) + lane,
-           end = static_cast<int>(static_cast<int64_t>(c + 1) * lines / ctas);
-       u < end; u += 32)
-    prefetch_l2(pf.b + (u / pf.starts) * pf.ldb + (u % pf.starts) * static_cast<int64_t>(pf.start_bytes), 128);
-  for (int u = static_cast<int>(static_cast<int64_t>(c) * blocks / ctas) + lane,
-           end = static_cast<int>(static_cast<int64_t>(c + 1) * blocks / ctas);
-       u < end; u += 32)
-    prefetch_l2(pf.sf + (u / pf.starts) * pf.sf_block_bytes + (u % pf.starts) * static_cast<int64_t>(pf.sf_start_bytes),
-                kWkSfBytes);
-}
-
 struct WkParams {
   CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}; or packed e2m1 [rows][K/2] bytes, box {128, TOKENS};
                         // SWIZZLE_128B
@@ -142,9 +110,6 @@ struct WkParams {
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
-  WkPrefetch prefetch;  // experiments only: the next GEMM's first-stage lines to bring into L2 (pf.b null: none)
-  bool cluster;         // experiments only: launched as clusters of (1, splits): the splits sum through
-                        // distributed shared memory instead of the workspace (launch_wk sets it where they fit)
   float out_mult;       // 2^7
   OutDtype out_dtype;
   uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
@@ -168,6 +133,11 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
           cute::cast_smem_ptr_to_uint(dst)),
       "l"(src), "r"(bytes), "r"(cute::cast_smem_ptr_to_uint(bar))
       : "memory");
+}
+
+// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned): a hint, nothing waits on it.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
 // atom.add with acquire-release semantics at GPU scope: the old value.
@@ -284,12 +254,6 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
         if (++s == STAGES) s = 0, phase ^= 1;
       }
     }
-    __syncwarp();  // every load of this grid's CTA is issued: now the next GEMM's first stages (experiment)
-    if (p.prefetch.b) prefetch_next(p.prefetch, cta, gridDim.x * gridDim.y, lane);
-    if (p.cluster) {  // the consumers' two cluster barriers count every thread of the cluster
-      cooperative_groups::this_cluster().sync();
-      cooperative_groups::this_cluster().sync();
-    }
     return;
   }
 
@@ -403,39 +367,6 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     v[x] = ((r[0] + r[TOKENS * kWkRedStride]) + r[2 * TOKENS * kWkRedStride]) + r[3 * TOKENS * kWkRedStride];
   }
   trace_at(trace, cta, 4, global_ns());
-  if (p.cluster) {
-    // Experiment: the row block's splits are one cluster (rank = split). Each leaves its sums in its own shared
-    // memory; CTA `split` then sums elements [split E / S, (split + 1) E / S) of all of them in split order
-    // (bitwise the workspace path's sums) and stores them; the second barrier keeps every CTA's memory alive
-    // until its peers have read it.
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);  // every consumer has read `red`
-#pragma unroll
-    for (int x = 0; x < kPer; ++x) red[x * kWkConsumers + t] = v[x];
-    cl.sync();
-    constexpr int E = TOKENS * kWkRows;
-    const int e1 = (split + 1) * E / p.splits;
-    const float scale = p.alpha ? p.out_mult * alpha_of(p.alpha, p.alpha2) : p.out_mult;
-    for (int e = split * E / p.splits + t; e < e1; e += kWkConsumers) {
-      float w[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q)
-        if (q < p.splits) w[q] = cl.map_shared_rank(red, q)[e];
-      float sum = w[0];
-#pragma unroll
-      for (int q = 1; q < 8; ++q)
-        if (q < p.splits) sum += w[q];
-      const int token = e / kWkRows, col = rb * kWkRows + e % kWkRows;
-      switch (p.out_dtype) {
-        case OutDtype::kFloat16: wk_store<__half>(p, token, col, sum * scale); break;
-        case OutDtype::kBFloat16: wk_store<__nv_bfloat16>(p, token, col, sum * scale); break;
-        default: wk_store<float>(p, token, col, sum * scale); break;
-      }
-    }
-    cl.sync();
-    trace_at(trace, cta, 6, global_ns());
-    return;
-  }
   if (p.splits > 1) {
     float* mine = p.partial + (static_cast<int64_t>(rb) * p.splits + split) * (TOKENS * kWkRows);
 #pragma unroll
@@ -499,31 +430,12 @@ cudaError_t launch_wk(const WkLaunch& l) {
   cfg.blockDim = dim3(kWkThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = l.stream;
-  cudaLaunchAttribute attrs[2];  // programmatic dependent launch: see the note at the top
+  cudaLaunchAttribute attrs[1];  // programmatic dependent launch: see the note at the top
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
   cfg.numAttrs = 1;
-  WkParams params = l.params;
-  if (params.cluster) {  // experiment: only where every cluster of one wave fits at once, else the workspace path
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = params.splits;
-    attrs[1].val.clusterDim.z = 1;
-    cfg.numAttrs = 2;
-    static int max_clusters[9] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};  // per split count (experiment: one device)
-    if (params.splits < 2 || params.splits > 8) {
-      params.cluster = false;
-    } else {
-      if (max_clusters[params.splits] < 0) {
-        int clusters = 0;
-        max_clusters[params.splits] = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess ? clusters : 0;
-      }
-      params.cluster = max_clusters[params.splits] >= l.row_blocks;
-    }
-    if (!params.cluster) cfg.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 
 }  // namespace nvfp4_gemm::sm90
