@@ -53,9 +53,47 @@ def _check_gpu(out, inputs, context=""):
 
 
 def _configs():
-    """The configs that take NVFP4 activations (the K-sliced "_wk_" ones are weight-only:
-    tests/test_sm90_weight_only.py)."""
+    """The configs that take NVFP4 activations at any K (the K-sliced "_wk_" ones need K % 256 == 0:
+    _wk_configs)."""
     return [c for c in nvfp4_gemm.configs().get("sm90", []) if "_wk_" not in c]
+
+
+def _wk_configs():
+    return [c for c in nvfp4_gemm.configs().get("sm90", []) if "_wk_" in c]
+
+
+# M, N and partial tiles for the K-sliced kernel (K % 256 == 0): past TOKENS (several launches), across A's
+# 128-row scale blocks (M = 136: rows 128.. read the second block), N off the 128-row blocks.
+_WK_SHAPES = ((1, 8, 256), (7, 136, 768), (16, 264, 1536), (13, 200, 2048), (40, 136, 512), (136, 264, 256))
+
+
+@pytest.mark.parametrize("splits", [0, 1, 3])
+def test_wk_configs_on_nvfp4_a(monkeypatch, force_splits, splits):
+    """The K-sliced configs, forced, on NVFP4 activations (packed A through TMA, its scale atoms by bulk copy,
+    decoded in the consumer warps), every output dtype, poisoned output memory, automatic and forced K splits."""
+    force_splits(splits)
+    for i, name in enumerate(_wk_configs()):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        for j, (m, n, k) in enumerate(_WK_SHAPES):
+            seed = 100 * i + 10 * j + splits
+            dt = (torch.float16, torch.bfloat16, torch.float32)[(i + j) % 3]
+            inputs = _gpu_inputs(m, n, k, dt, alpha=(None, -0.75)[j % 2], scales=("typical", "tiny")[j % 2], seed=seed)
+            poison_cuda_allocator(m * n * 4, torch.device("cuda"))
+            _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"{name} on ({m}, {n}, {k}), splits {splits}, seed {seed}")
+
+
+def test_wk_configs_on_padded_nvfp4_rows(monkeypatch):
+    """Packed A and B whose rows are further apart than K/2 bytes (views into wider buffers): the K-sliced
+    configs' TMA maps take the row strides as they are."""
+    for i, name in enumerate(_wk_configs()):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        inputs = _gpu_inputs(12, 136, 512, alpha=0.5, seed=60 + i)
+        for key in ("a", "b"):
+            t = inputs[key]
+            wide = torch.randint(0, 256, (t.shape[0], t.shape[1] + 16), dtype=torch.uint8, device="cuda")
+            wide[:, : t.shape[1]] = t
+            inputs[key] = wide[:, : t.shape[1]]
+        _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"{name} on padded rows, seed {60 + i}")
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 32), (7, 136, 96), (100, 264, 544), (300, 200, 1056)])
@@ -168,26 +206,33 @@ def _printed_configs(code: str, backend: str = "sm90") -> list[str]:
     return [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
 
 
-def test_small_m_is_selected():
-    """M <= 32 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernel, larger M
-    to a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports)."""
+@pytest.mark.parametrize("k", [4096, 4128])
+def test_small_m_is_selected(k):
+    """M <= 32 (configs.h kSmallMMaxM: where it measured faster) dispatches to the small-M kernels, larger M
+    to a wgmma config (what NVFP4_GEMM_PRINT_CONFIGS reports); of those, M <= 16 with K % 256 == 0 to the
+    K-sliced kernel (configs.h kWkPick8 / kWkPick), M 17..32 or K % 256 != 0 to the small-M kernel."""
     code = ("import torch, nvfp4_gemm\n"
-            "for m in (1, 8, 16, 17, 32, 33):\n"
-            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda')\n"
-            "    b = torch.randint(0, 256, (1024, 2048), dtype=torch.uint8, device='cuda')\n"
-            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "for m in (1, 8, 9, 16, 17, 32, 33):\n"
+            f"    a = torch.randint(0, 256, (m, {k // 2}), dtype=torch.uint8, device='cuda')\n"
+            f"    b = torch.randint(0, 256, (1024, {k // 2}), dtype=torch.uint8, device='cuda')\n"
+            f"    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, {k // 16}), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
             "    nvfp4_gemm.mm(a, b, sf(m), sf(1024))\n"
             "torch.cuda.synchronize()\n")
     picked = {int(ln.split(" m=")[1].split()[0]): ln for ln in _printed_configs(code)}
-    for m in (1, 8, 16, 17, 32):
+    for m in (1, 8):
+        assert ("_wk_w128xt8x" if k % 256 == 0 else "_smallm_") in picked[m], picked
+    for m in (9, 16):
+        assert ("_wk_w128xt16x" if k % 256 == 0 else "_smallm_") in picked[m], picked
+    for m in (17, 32):
         assert "_smallm_" in picked[m], picked
-    assert "_smallm_" not in picked[33], picked
+    assert "_smallm_" not in picked[33] and "_wk_" not in picked[33], picked
 
 
 def test_deep_small_m_config_for_unsplit_grids():
     """configs.h kDeepSmallM: at M <= 8, a problem the 8-token config would run unsplit below one wave of the
-    16-token config (N = 28672, K = 4096 on an H100's 132 SMs) takes the 16-token config; one it splits
-    (N = 4096) keeps the 8-token config. Both results within SPEC.md's bound."""
+    16-token config (N = 28672 on an H100's 132 SMs; K = 2080, since at K % 256 == 0 the K-sliced kernel takes
+    M <= 16) takes the 16-token config; one it splits (N = 4096) keeps the 8-token config. Both results within
+    SPEC.md's bound."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # 2 x SMs - 40 row blocks (224 on 132 SMs): too many for a second split of the 8-token config (3 CTAs per
     # SM), and within one wave of the 16-token config (2 per SM).
@@ -196,9 +241,9 @@ def test_deep_small_m_config_for_unsplit_grids():
             "from nvfp4_gemm.testing import Reference\n"
             f"for m, n in ((1, {n_deep}), (8, {n_deep}), (1, 4096), (9, {n_deep})):\n"
             "    g = torch.Generator(device='cuda').manual_seed(m + n)\n"
-            "    a = torch.randint(0, 256, (m, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
-            "    b = torch.randint(0, 256, (n, 2048), dtype=torch.uint8, device='cuda', generator=g)\n"
-            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 256), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
+            "    a = torch.randint(0, 256, (m, 1040), dtype=torch.uint8, device='cuda', generator=g)\n"
+            "    b = torch.randint(0, 256, (n, 1040), dtype=torch.uint8, device='cuda', generator=g)\n"
+            "    sf = lambda r: nvfp4_gemm.to_blocked(torch.full((r, 130), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
             "    x = dict(a=a, b=b, sfa=sf(m), sfb=sf(n), alpha=None, out_dtype=torch.float16)\n"
             "    Reference(x).check(nvfp4_gemm.mm(**x), f'm={m} n={n}')\n"
             "torch.cuda.synchronize()\n")
@@ -249,12 +294,13 @@ def test_every_config_on_a_side_stream(monkeypatch):
     """Each dispatch entry, forced, with its inputs still being produced on a side stream and only that
     stream synchronized before the check (testing.run_after_slow_producer): a kernel, split fix-up or
     decode prepass launched on another stream reads zeros or is unfinished when checked."""
-    for i, name in enumerate(_configs()):
+    for i, name in enumerate(_configs() + _wk_configs()):
         monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
-        m = 8 if "_smallm_" in name else 300
-        inputs = _gpu_inputs(m, 1024, 2080, alpha=1.5, seed=31 + i)
+        m = 8 if "_smallm_" in name else 16 if "_wk_" in name else 300
+        k = 2048 if "_wk_" in name else 2080
+        inputs = _gpu_inputs(m, 1024, k, alpha=1.5, seed=31 + i)
         out, _ = run_after_slow_producer(nvfp4_gemm.mm, inputs)
-        _check_gpu(out, inputs, f"{name} on a side stream, ({m}, 1024, 2080), seed {31 + i}")
+        _check_gpu(out, inputs, f"{name} on a side stream, ({m}, 1024, {k}), seed {31 + i}")
 
 
 @pytest.mark.parametrize("shape", [(128, 1024, 2048), (8, 1024, 8192)])

@@ -40,9 +40,10 @@ NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
   extern template cudaError_t launch_small_m<T, KB, D, B, R, AType::kBFloat16>(const SmallMLaunch&);
 NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_EXTERN)
 #undef NVFP4_SM90_SMALL_M_EXTERN
-#define NVFP4_SM90_WK_EXTERN(T, S, B)                                                    \
-  extern template cudaError_t launch_wk<T, S, B, Elem::kHalf>(const WkLaunch&); \
-  extern template cudaError_t launch_wk<T, S, B, Elem::kBf16>(const WkLaunch&);
+#define NVFP4_SM90_WK_EXTERN(T, S, B)                                                         \
+  extern template cudaError_t launch_wk<T, S, B, AType::kE2m1>(const WkLaunch&);    \
+  extern template cudaError_t launch_wk<T, S, B, AType::kFloat16>(const WkLaunch&); \
+  extern template cudaError_t launch_wk<T, S, B, AType::kBFloat16>(const WkLaunch&);
 NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_EXTERN)
 #undef NVFP4_SM90_WK_EXTERN
 
@@ -62,14 +63,15 @@ constexpr SmallMLaunchFn kSmallMLaunch[][3] = {NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_
 #undef NVFP4_SM90_SMALL_M_LAUNCH
 constexpr int kNumSmallM = sizeof(kSmallMLaunch) / sizeof(kSmallMLaunch[0]);
 using WkLaunchFn = cudaError_t (*)(const WkLaunch&);
-#define NVFP4_SM90_WK_LAUNCH(T, S, B) {&launch_wk<T, S, B, Elem::kHalf>, &launch_wk<T, S, B, Elem::kBf16>},
-constexpr WkLaunchFn kWkLaunch[][2] = {NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_LAUNCH)};
+#define NVFP4_SM90_WK_LAUNCH(T, S, B) \
+  {&launch_wk<T, S, B, AType::kE2m1>, &launch_wk<T, S, B, AType::kFloat16>, &launch_wk<T, S, B, AType::kBFloat16>},
+constexpr WkLaunchFn kWkLaunch[][3] = {NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_LAUNCH)};
 #undef NVFP4_SM90_WK_LAUNCH
 static_assert(kNumWgmma + kNumSmallM + sizeof(kWkLaunch) / sizeof(kWkLaunch[0]) == kNumConfigs,
               "one launcher per config");
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
-              "kSmallMLaunch's columns are AType values");
+              "kSmallMLaunch's and kWkLaunch's columns are AType values");
 
 // 16-bit activations multiplied as they are (the weight-only form); float A quantized on the fly is NVFP4.
 bool is_a16(const Problem& p) {
@@ -552,16 +554,27 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   wp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
   l.stream = stream;
-  const bool bf16 = p->a_type == AType::kBFloat16;
+  const bool a4 = p->a_type == AType::kE2m1;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
-  // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each.
+  // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
+  // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks.
   for (int64_t r0 = 0; r0 < p->m; r0 += c.tokens) {
     const int64_t rows = std::min<int64_t>(c.tokens, p->m - r0);
-    if (!encode_2d(&wp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                   p->a + r0 * p->lda, static_cast<uint64_t>(p->k), static_cast<uint64_t>(rows),
-                   static_cast<uint64_t>(p->lda), 64, static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
+    const bool ok_a =
+        a4 ? encode_2d(&wp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->a + r0 * p->lda, static_cast<uint64_t>(p->k / 2),
+                       static_cast<uint64_t>(rows), static_cast<uint64_t>(p->lda), kWkK / 2,
+                       static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)
+           : encode_2d(&wp.tmap_a,
+                       p->a_type == AType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                       p->a + r0 * p->lda, static_cast<uint64_t>(p->k), static_cast<uint64_t>(rows),
+                       static_cast<uint64_t>(p->lda), 64, static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B);
+    if (!ok_a) {
       set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for A");
       return false;
+    }
+    if (a4) {
+      wp.sfa = p->sfa + (r0 / 128) * (p->k / 64) * kSfAtomBytes;
+      wp.a_row0 = static_cast<int>(r0 % 128);
     }
     wp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     wp.m = static_cast<int>(rows);
@@ -576,11 +589,11 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     wp.trace = trace_buffer_for_launch(pl.row_blocks * wp.splits, stream);
 #endif
-    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][bf16 ? 1 : 0](l));
+    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][static_cast<int>(p->a_type)](l));
         e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
-                      l.row_blocks, wp.splits, wk_smem_bytes(c.tokens, c.stages), cudaGetErrorString(e));
+                      l.row_blocks, wp.splits, wk_smem_bytes(c.tokens, c.stages, a4), cudaGetErrorString(e));
       return false;
     }
 #ifdef NVFP4_GEMM_DIAGNOSTICS
@@ -617,9 +630,19 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     return false;
   }
   if (kConfigs[config].kind == Kind::kWarpK) {
-    if (!is_a16(*p)) {
+    const bool a4 = p->a_type == AType::kE2m1;
+    if (!is_a16(*p) && !a4) {
       if (why && why_len)
-        std::snprintf(why, why_len, "%s takes float16 or bfloat16 a (the weight-only form)", kConfigs[config].name);
+        std::snprintf(why, why_len, "%s takes NVFP4 a or float16 / bfloat16 a (not a quantized on the fly)",
+                      kConfigs[config].name);
+      return false;
+    }
+    if (a4 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
+               reinterpret_cast<uintptr_t>(p->sfa) % 16 != 0)) {
+      if (why && why_len)
+        std::snprintf(why, why_len, "%s takes NVFP4 a with 16-byte aligned rows and sfa (TMA and bulk copies); got "
+                      "a at %p, row stride %lld bytes, sfa at %p", kConfigs[config].name, static_cast<const void*>(p->a),
+                      static_cast<long long>(p->lda), static_cast<const void*>(p->sfa));
       return false;
     }
     if (p->k % kWkK != 0 || p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {
@@ -633,7 +656,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
       set_msg(why, why_len, "sm90: sfb must be 16-byte aligned (bulk copies of the scale atoms)");
       return false;
     }
-    const int smem = wk_smem_bytes(kConfigs[config].tokens, kConfigs[config].stages);
+    const int smem = wk_smem_bytes(kConfigs[config].tokens, kConfigs[config].stages, a4);
     if (dev && dev->smem_optin < smem) {
       if (why && why_len)
         std::snprintf(why, why_len, "%s needs %d bytes of shared memory per block, the device allows %lld",
@@ -727,6 +750,13 @@ int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_le
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
   if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
+  // Float A quantized on the fly (linear's W4A4) where mm of the packed form takes the K-sliced kernel, which
+  // does not quantize: no kernel here, so linear quantizes first and calls mm. linear(x) stays mm(quantize(x))
+  // bit for bit because both then run the same kernel (configs.h, kWkPick).
+  if (quantizes_a(*p) && p->m >= 1 && p->m <= kWkMaxM && p->k % kWkK == 0) {
+    set_msg(why, why_len, "sm90: at M <= 16 and K % 256 == 0 the packed form runs on the K-sliced kernel; quantize first");
+    return -1;
+  }
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
@@ -1003,10 +1033,11 @@ const char* dispatch_rules() {
       t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
       if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
-        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name + " for 16-bit a (K % 256 == 0)";
+        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name +
+             " for NVFP4 and 16-bit a (K % 256 == 0; float a quantized on the fly is quantized first)";
       if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for 16-bit a at M 9.." +
-             std::to_string(kWkMaxM) + " (K % 256 == 0)";
+        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4 and 16-bit a at M 9.." +
+             std::to_string(kWkMaxM) + " (K % 256 == 0; float a quantized on the fly is quantized first)";
       if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
         t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
              " would run unsplit and it holds every row block in one wave";

@@ -46,8 +46,9 @@
   X(32, 6, 3, 2, 0)
 
 // The K-sliced kernel (sm90_wk.cuh): 128 B rows per CTA, 256-K stages through a TMA pipeline, each stage's K
-// split across the 8 consumer warps; weight-only (fp16 / bf16 A) with K % 256 == 0.
-// X(TOKENS, STAGES, CTAS_PER_SM): stage bytes = 16 KB of B + 2 KB of scales + TOKENS x 512 of A.
+// split across the 8 consumer warps; NVFP4 or fp16 / bf16 A with K % 256 == 0.
+// X(TOKENS, STAGES, CTAS_PER_SM): stage bytes = 16 KB of B + 2 KB of scales + A: TOKENS x 512 (16-bit A) or
+// TOKENS x 128 + 2 KB of scales (NVFP4 A).
 #define NVFP4_SM90_WK_CONFIGS(X) \
   X(8, 4, 2)                     \
   X(16, 4, 2)
@@ -110,8 +111,10 @@ inline constexpr Pick kNoPick{Kind::kWgmma, 0};
 // B through its shared-memory ring (29.2-31.5 vs 34.4-34.6 us at (1, 28672, 4096), above).
 inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
 
-// The K-sliced kernel (sm90_wk.cuh) takes the weight-only form (K % 256 == 0) at every M <= 16: 8 tokens at
-// M 1..8, 16 at M 9..16. Since its producer fills the pipeline only after the first stage has landed
+// The K-sliced kernel (sm90_wk.cuh) takes NVFP4 and 16-bit A (K % 256 == 0) at every M <= 16: 8 tokens at
+// M 1..8, 16 at M 9..16. Float A quantized on the fly (linear's W4A4) gets no sm90 kernel there: linear
+// quantizes first and mm runs the packed form here (select in backend.cu). NVFP4 A on this kernel: not yet
+// measured (docs/NOTES.md v6, branch exp/wk-w4a4). For the weight-only form: Since its producer fills the pipeline only after the first stage has landed
 // (docs/NOTES.md v6; H100, weight-only fp16, graph per call, same run) it is ahead of the small-M configs on
 // every decode shape measured: (1, 6144, 4096) 10.4 us vs 12.7 for the register config, (16, 6144, 4096) 12.3
 // vs 15.6 and (16, 4096, 4096) 9.6 vs 10.9 for the ring config, (16, 1024, 4096) 6.7 vs 7.2.

@@ -1,5 +1,5 @@
-// The FP4 decode shared by the sm90 kernels (the wgmma kernel in sm90_gemm.cuh
-// and the small-M streaming kernel in sm90_small_m.cuh): the one place where e2m1 bits become fp16 or bf16.
+// The FP4 decode shared by the sm90 kernels (the wgmma kernel in sm90_gemm.cuh, the small-M streaming kernel in
+// sm90_small_m.cuh and the K-sliced kernel in sm90_wk.cuh): the one place where e2m1 bits become fp16 or bf16.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,6 +36,14 @@ __device__ __forceinline__ uint32_t decode_word_bf16(uint32_t w) {
 __device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, __half2 s) {
   __half2 h = __hmul2(*reinterpret_cast<__half2*>(&x), s);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// One word of packed A (8 codes) staged for the MMA: its four decode_word outputs times the group's scale
+// (already times 2^7) and another 2^7 (fold), i.e. e2m1 * e4m3 exactly in fp16: 6 significant bits at most,
+// between 2^-10 and 2688. The small-M and K-sliced kernels stage NVFP4 A this way.
+__device__ __forceinline__ uint4 decode_a_word(uint32_t w, __half2 sc, __half2 fold) {
+  return make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<1>(w), sc), fold),
+                    hmul2_u32(hmul2_u32(decode_word<2>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<3>(w), sc), fold));
 }
 
 // The 16-bit type the tensor cores multiply in. kHalf serves both the W4A4 form (A decoded to fp16 too)

@@ -1,6 +1,6 @@
 """Writes csrc/sm90/generated/<config name>_<type>.cu: one explicit instantiation per entry of the config
 table and per A type it serves (wgmma: fp16 MMA for NVFP4 and fp16 A, bf16 MMA for bf16 A; small-M: e2m1,
-fp16 and bf16 A; K-sliced: fp16 and bf16 A).
+fp16 and bf16 A; K-sliced: likewise).
 
 The table is the NVFP4_SM90_CONFIGS X-macro in configs.h; this script reads it from there, so the
 instantiation files cannot drift from dispatch. One TU per (config, type) lets the build compile them in
@@ -63,9 +63,9 @@ def main():
             write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_r{r}_mma16816_{suffix}.cu", "sm90_small_m.cuh",
                   f"template cudaError_t launch_small_m<{t}, {kb}, {d}, {b}, {r}, AType::{atype}>(const SmallMLaunch&);")
     for t, st, b in wk_configs():
-        for suffix, elem in (("f16", "kHalf"), ("bf16", "kBf16")):
+        for suffix, atype in (("e2m1", "kE2m1"), ("f16", "kFloat16"), ("bf16", "kBFloat16")):
             write(f"sm90_nvfp4_wk_w128xt{t}xk256_s{st}_b{b}_tma_mma16816_{suffix}.cu", "sm90_wk.cuh",
-                  f"template cudaError_t launch_wk<{t}, {st}, {b}, Elem::{elem}>(const WkLaunch&);")
+                  f"template cudaError_t launch_wk<{t}, {st}, {b}, AType::{atype}>(const WkLaunch&);")
     for fn in os.listdir(out):
         if fn.endswith(".cu") and fn not in wanted:
             os.remove(os.path.join(out, fn))

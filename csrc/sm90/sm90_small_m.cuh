@@ -291,13 +291,6 @@ __device__ __forceinline__ void compute_bblock(const BBlock& bb, const uint8_t* 
   }
 }
 
-// One word of packed A (8 codes) staged for the MMA: its four decode_word outputs times the group's scale
-// (already times 2^7) and another 2^7, i.e. e2m1 * e4m3 exactly in fp16 (see the numerics note above).
-__device__ __forceinline__ uint4 decode_a_word(uint32_t w, __half2 sc, __half2 fold) {
-  return make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<1>(w), sc), fold),
-                    hmul2_u32(hmul2_u32(decode_word<2>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<3>(w), sc), fold));
-}
-
 template <typename T>
 __device__ __forceinline__ void store_small(const SmallMParams& p, int token, int col, float v) {
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);

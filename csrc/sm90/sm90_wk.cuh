@@ -1,5 +1,5 @@
-// Hopper NVFP4 GEMM for decode-size M (weight-only form: fp16 / bf16 activations x NVFP4 weights), with the
-// K of each pipeline stage split across the CTA's warps. Torch-free.
+// Hopper NVFP4 GEMM for decode-size M (NVFP4 x NVFP4, and the weight-only form: fp16 / bf16 activations x NVFP4
+// weights), with the K of each pipeline stage split across the CTA's warps. Torch-free.
 //
 // Why another small-M kernel (docs/NOTES.md, v4 and v5): the streaming kernel of sm90_small_m.cuh gives each
 // warp whole K blocks of 16 weight rows, so at 16 tokens each warp waits on its own decode -> MMA chain with
@@ -11,8 +11,9 @@
 //
 // Data movement: one producer warp (one elected thread) issues, per stage, one TMA box of B (128 rows x 128
 // bytes, SWIZZLE_128B), one 2 KB bulk copy of the stage's four scale atoms (the blocked layout keeps them
-// contiguous) and four TMA boxes of A (TOKENS rows x 64 K each, SWIZZLE_128B), all completing on the stage's
-// full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads the
+// contiguous) and A: four TMA boxes of 16-bit activations (TOKENS rows x 64 K each, SWIZZLE_128B), or for
+// NVFP4 A one box of its packed bytes (TOKENS rows x 128 bytes, SWIZZLE_128B) and a 2 KB bulk copy of the
+// stage's four scale atoms of A's 128-row block; all complete on the stage's full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads the
 // row-major [N, K/2] bytes (a 2-D map); a 3-D map over 128 x 128-byte tiles gives the same shared-memory image
 // (b_tiled: the layout experiment of benchmarks/diagnostics/wk_layout.py). Measured (docs/NOTES.md v5): with
 // TMA fetching the box, row-major weights run within 2% of the tiles, so no prepared weight layout is needed.
@@ -27,8 +28,10 @@
 // rg*64 + mt*16 + sigma(g) (and + 8), sigma(g) = 2 (g % 4) + g / 4, so that the 8-byte loads of a half warp
 // hit 16 distinct bank pairs under the 128-byte swizzle.
 //
-// Numerics: B decodes to e2m1 * e4m3 * 2^-7 in A's type (BDecode: exact in fp16 and bf16), A is taken as
-// it is, products are exact in fp32 and summed in fp32; the epilogue multiplies 2^7 * alpha and rounds once.
+// Numerics: B decodes to e2m1 * e4m3 * 2^-7 in the MMA's type (BDecode: exact in fp16 and bf16); 16-bit A is
+// taken as it is, NVFP4 A decodes to e2m1 * e4m3 in fp16 (decode_a_word: exact, as in the small-M kernel; lane
+// (g, tig) reads token g's bytes of its own scale group, so A's pairs line up with B's); products are exact in
+// fp32 and summed in fp32; the epilogue multiplies 2^7 * alpha and rounds once.
 //
 // Split-K over CTAs: (row block, split) CTAs each write their fp32 [TOKENS][128] tile to the workspace; the
 // last to arrive (atomic counter) sums them in split order, writes C and sets the counter back to zero
@@ -41,9 +44,11 @@
 // 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md v6, from the
 // kernel's own timeline: benchmarks/diagnostics/wk_trace.py).
 //
-// Programmatic dependent launch: before griddepcontrol.wait the producer issues only the first stage's B
-// and scale loads (the weights are not written by the kernel ahead); A's loads, and so every write to C,
-// the workspace and the counters, come after it, and the consumers wait before they touch global memory.
+// Programmatic dependent launch: before griddepcontrol.wait the producer only asks L2 to prefetch the first
+// stage's B and scales. A prefetch reads nothing into the CTA, so it is right even where the kernel ahead wrote
+// B (quantize, then mm at once on the same stream: that kernel's writes are visible only after the wait). Every
+// load into shared memory, and so every write to C, the workspace and the counters, comes after the wait, and
+// the consumers wait before they touch global memory.
 #pragma once
 
 #include <cuda.h>
@@ -74,18 +79,24 @@ inline constexpr int kWkBBytes = kWkRows * kWkK / 2;     // 16 KB of packed B pe
 inline constexpr int kWkSfBytes = 4 * kSfAtomBytes;      // the stage's 4 scale atoms, 2 KB
 inline constexpr int kWkRedStride = 128 + 4;             // floats per token row of the K-slice sums (banks)
 
-constexpr int wk_a_bytes(int tokens) { return tokens * kWkK * 2; }
-constexpr int wk_stage_bytes(int tokens) { return kWkBBytes + kWkSfBytes + wk_a_bytes(tokens); }
+// A per stage: 16-bit activations, 4 boxes of TOKENS x 64 K; or packed e2m1, one box of TOKENS x 128 bytes
+// (256 K) followed by the stage's four scale atoms of A's row block (2 KB, as for B).
+constexpr int wk_a_bytes(int tokens, bool a4) { return a4 ? tokens * kWkK / 2 + kWkSfBytes : tokens * kWkK * 2; }
+constexpr int wk_stage_bytes(int tokens, bool a4) { return kWkBBytes + kWkSfBytes + wk_a_bytes(tokens, a4); }
 constexpr int wk_red_bytes(int tokens) { return 4 * tokens * kWkRedStride * 4; }
-constexpr int wk_smem_bytes(int tokens, int stages) {
-  const int pipe = stages * wk_stage_bytes(tokens);
+constexpr int wk_smem_bytes(int tokens, int stages, bool a4) {
+  const int pipe = stages * wk_stage_bytes(tokens, a4);
   return (pipe > wk_red_bytes(tokens) ? pipe : wk_red_bytes(tokens)) + 2 * stages * 8 + 1024;
 }
 
 struct WkParams {
-  CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}, SWIZZLE_128B
+  CUtensorMap tmap_a;   // A [rows][K] 16-bit, box {64, TOKENS}; or packed e2m1 [rows][K/2] bytes, box {128, TOKENS};
+                        // SWIZZLE_128B
   CUtensorMap tmap_b;   // B: row-major [N][K/2] bytes, box {128, 128}; or tiles [tiles][128][128], box {128, 128, 1}
   const uint8_t* sfb;   // blocked scales of B (16-byte aligned)
+  const uint8_t* sfa;   // e2m1 A: the blocked scales of A's 128-row block that holds this launch's rows (16-byte
+                        // aligned); a_row0: the launch's first row within that block
+  int a_row0;
   const float* alpha;   // nullptr: 1
   const float* alpha2;  // nullptr, or a second factor of alpha
   void* c;              // [m][ldc] of out_dtype (rows of this launch)
@@ -124,6 +135,11 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
+// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned): a hint, nothing waits on it.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // atom.add with acquire-release semantics at GPU scope: the old value.
 __device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
   uint32_t old;
@@ -144,15 +160,21 @@ __device__ __forceinline__ void wk_store(const WkParams& p, int token, int col, 
   if (token < p.m && col < p.n) reinterpret_cast<T*>(p.c)[static_cast<int64_t>(token) * p.ldc + col] = convert_out<T>(v);
 }
 
-template <int TOKENS, int STAGES, int CTAS, Elem E>
+// A: what A holds (AType::kE2m1: packed NVFP4 with blocked scales; kFloat16 / kBFloat16: activations). The MMA
+// runs in bf16 for bf16 activations, in fp16 otherwise.
+template <int TOKENS, int STAGES, int CTAS, AType A>
 __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_constant__ WkParams p) {
   static_assert(TOKENS == 8 || TOKENS == 16, "one or two n-tiles of 8 tokens");
-  static_assert(CTAS * (wk_smem_bytes(TOKENS, STAGES) + 1024) <= 233472, "pipeline too large for CTAS per SM");
+  static_assert(A == AType::kE2m1 || A == AType::kFloat16 || A == AType::kBFloat16, "e2m1, fp16 or bf16 A");
+  constexpr bool kA4 = A == AType::kE2m1;
+  constexpr Elem E = A == AType::kBFloat16 ? Elem::kBf16 : Elem::kHalf;
+  static_assert(CTAS * (wk_smem_bytes(TOKENS, STAGES, kA4) + 1024) <= 233472, "pipeline too large for CTAS per SM");
   constexpr int NT = TOKENS / 8;
-  constexpr int kStage = wk_stage_bytes(TOKENS);
+  constexpr int kStage = wk_stage_bytes(TOKENS, kA4);
   constexpr int kSfOff = kWkBBytes;
   constexpr int kAOff = kWkBBytes + kWkSfBytes;  // 1024-aligned (SWIZZLE_128B's period)
-  constexpr int kABox = TOKENS * 128;            // one 64-K box of A
+  constexpr int kABox = kA4 ? TOKENS * kWkK / 2 : TOKENS * 128;  // packed: the stage's one box; 16-bit: one of 4
+  constexpr int kAsfOff = kAOff + kABox;          // e2m1 A: the stage's four scale atoms of A
   static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -200,15 +222,25 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
       };
       auto load_a = [&](int kb, int s) {
         uint8_t* st = smem + s * kStage + kAOff;
+        if constexpr (kA4) {
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st, kb * (kWkK / 2), 0);
+          bulk_copy_g2s(st + kABox, p.sfa + static_cast<int64_t>(kb) * 4 * kSfAtomBytes, kWkSfBytes, &full_bar[s]);
+        } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
+          for (int q = 0; q < 4; ++q)
+            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
+        }
       };
       // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
       const int pre = min(STAGES, nkb);
-      load_b(kb0, 0);
-      cudaGridDependencySynchronize();  // A is the kernel ahead's output
+      if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
+        cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
+      else
+        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
+      prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
+      cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
       trace_at(wk_trace(p), cta, 1, global_ns());
+      load_b(kb0, 0);
       load_a(kb0, 0);
       if (pre > 1) {
         Barrier::wait(&full_bar[0], 0);
@@ -240,6 +272,13 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   // chunks 2 tig and 2 tig + 1 of its 128-byte row, XORed with t % 8 (= g: n-tiles are 8 rows).
   const uint32_t a_off = kAOff + ks * kABox + g * 128;
   const uint32_t a_c0 = ((2 * tig) ^ g) << 4, a_c1 = ((2 * tig + 1) ^ g) << 4;
+  // e2m1 A: token t = 8 j + g's 8 bytes of this lane's group, placed as B's (its row's chunks XORed with t % 8 =
+  // g), and its scale byte: atom ks of the stage, row a_row0 + t of A's row block.
+  const uint32_t a4_off = kAOff + g * 128 + ((((2 * ks + (tig >> 1)) ^ g)) << 4) + (tig & 1) * 8;
+  auto asf_at = [&](int t) {
+    const int r = p.a_row0 + t;
+    return kAsfOff + ks * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + tig;
+  };
   const int nt_live = min(NT, (p.m + 7) / 8);
 
   float acc[4][NT][4];
@@ -257,11 +296,22 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       if (NT > 1 && j >= nt_live) break;
-      const uint8_t* ar = st + a_off + j * 8 * 128;
-      const uint4 v0 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c0));
-      const uint4 v1 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c1));
-      af[j][0] = v0.x; af[j][1] = v0.y; af[j][2] = v0.z; af[j][3] = v0.w;
-      af[j][4] = v1.x; af[j][5] = v1.y; af[j][6] = v1.z; af[j][7] = v1.w;
+      if constexpr (kA4) {
+        // e2m1 * e4m3 exactly in fp16, in decode_word's order (as the small-M kernel stages its A).
+        const uint2 w = *reinterpret_cast<const uint2*>(st + a4_off + j * 8 * 128);
+        const uint8_t sc = st[asf_at(8 * j + g)];
+        const uint32_t s2 = Dec::scales(static_cast<uint16_t>(sc | (sc << 8)));
+        const __half2 sa = *reinterpret_cast<const __half2*>(&s2), fold = __half2half2(__ushort_as_half(0x5800));
+        const uint4 v0 = decode_a_word(w.x, sa, fold), v1 = decode_a_word(w.y, sa, fold);
+        af[j][0] = v0.x; af[j][1] = v0.y; af[j][2] = v0.z; af[j][3] = v0.w;
+        af[j][4] = v1.x; af[j][5] = v1.y; af[j][6] = v1.z; af[j][7] = v1.w;
+      } else {
+        const uint8_t* ar = st + a_off + j * 8 * 128;
+        const uint4 v0 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c0));
+        const uint4 v1 = pair_like_decode(*reinterpret_cast<const uint4*>(ar + a_c1));
+        af[j][0] = v0.x; af[j][1] = v0.y; af[j][2] = v0.z; af[j][3] = v0.w;
+        af[j][4] = v1.x; af[j][5] = v1.y; af[j][6] = v1.z; af[j][7] = v1.w;
+      }
     }
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
@@ -367,10 +417,10 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   trace_at(trace, cta, 6, global_ns());
 }
 
-template <int TOKENS, int STAGES, int CTAS, Elem E>
+template <int TOKENS, int STAGES, int CTAS, AType A>
 cudaError_t launch_wk(const WkLaunch& l) {
-  auto* kernel = wk_kernel<TOKENS, STAGES, CTAS, E>;
-  constexpr int smem = wk_smem_bytes(TOKENS, STAGES);
+  auto* kernel = wk_kernel<TOKENS, STAGES, CTAS, A>;
+  constexpr int smem = wk_smem_bytes(TOKENS, STAGES, A == AType::kE2m1);
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); });

@@ -2,5 +2,5 @@
 #include "sm90/sm90_wk.cuh"
 
 namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_wk<16, 4, 2, Elem::kHalf>(const WkLaunch&);
+template cudaError_t launch_wk<16, 4, 2, AType::kFloat16>(const WkLaunch&);
 }  // namespace nvfp4_gemm::sm90
