@@ -38,14 +38,20 @@ def on_sm90() -> bool:
 
 
 def gemm_quantizes_x(m: int, k: int) -> bool:
-    """Whether linear's W4A4 GEMM quantizes x itself: the sm90 kernels, except where mm takes the packed form
-    on the K-sliced kernel (M <= 16, K % 256 == 0: csrc/sm90/backend.cu, select)."""
-    return on_sm90() and not (m <= 16 and k % 256 == 0)
+    """Whether linear's W4A4 GEMM call quantizes x itself (no separate quantize launch): the sm90 kernels."""
+    return on_sm90()
+
+
+def quantizes_in_its_own_kernel(m: int, k: int) -> bool:
+    """Whether that GEMM call quantizes x in a kernel ahead of the GEMM's, one launch more than mm of the packed
+    form makes: sm90's K-sliced path (M <= 16, K % 256 == 0: csrc/sm90/backend.cu, run_wk)."""
+    return on_sm90() and m <= 16 and k % 256 == 0
 
 
 def own_launches(mode: str, m: int, k: int) -> int:
     if gemm_quantizes_x(m, k):
-        return {"dynamic": 1, "static": 0, "weight_only": 0}[mode]
+        return {"dynamic": 1, "static": 0, "weight_only": 0}[mode] + (
+            mode != "weight_only" and quantizes_in_its_own_kernel(m, k))
     return {"dynamic": 2, "static": 1, "weight_only": 0}[mode]
 
 
@@ -85,6 +91,8 @@ def test_launches_per_forward(mode, bias, m):
     assert sum("scales_kernel" in name for name in got) == (mode == "dynamic"), got
     separate_quantize = mode != "weight_only" and not gemm_quantizes_x(m, 256)
     assert sum("quantize_kernel" in name for name in got) == separate_quantize, got
+    own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, 256)
+    assert sum("quant_a_wk_kernel" in name for name in got) == own_kernel, got
     if on_sm90() and not bias:  # issue 12's budget
         assert len(got) <= {"dynamic": 3, "static": 2, "weight_only": 2}[mode], got
 

@@ -65,8 +65,8 @@ for cfg in forced:
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
         check_weight_only(m, n, k, cfg, torch.bfloat16)
-# The K-sliced configs: NVFP4 and weight-only A, K % 256 == 0 (M = 40 runs as several launches; M = 136 reads
-# A's second 128-row block of scales).
+# The K-sliced configs: NVFP4, weight-only and quantized-on-the-fly A, K % 256 == 0 (M = 40 runs as several
+# launches, each quantizing its rows into the same workspace; M = 136 reads A's second 128-row block of scales).
 wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
 for cfg in wk:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
@@ -74,6 +74,8 @@ for cfg in wk:
         check(m, n, k, cfg)
         for dt in (torch.float16, torch.bfloat16):
             check_weight_only(m, n, k, cfg, dt)
+        for dt in (torch.float16, torch.bfloat16, torch.float32):
+            check_fused_linear(m, n, k, cfg, dt)
     check(136, 264, 256, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)

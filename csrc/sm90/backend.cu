@@ -492,6 +492,8 @@ bool wk_tiled_experiment() {
 struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
   int64_t partial_bytes = 0, counter_bytes = 0;
+  int64_t qa_bytes = 0, qsf_bytes = 0;  // float A quantized on the fly: its packed rows and its scale atoms
+  int64_t bytes() const { return partial_bytes + counter_bytes + qa_bytes + qsf_bytes; }
 };
 
 WkPlan make_wk_plan(const Problem& p, int config, int sms) {
@@ -515,14 +517,62 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
+  if (quantizes_a(p)) {  // one launch's TOKENS rows at a time (run_wk)
+    pl.qa_bytes = round_up(int64_t{c.tokens} * (p.k / 2), 256);
+    pl.qsf_bytes = round_up(p.k / 64 * kSfAtomBytes, 256);
+  }
   return pl;
+}
+
+// Float A quantized for the K-sliced kernel (linear's W4A4 at decode M): the launch's rows [0, m) into the
+// workspace as packed e2m1 ([m][k/2]) and one 128-row block of blocked scales (k/64 atoms), rows [m, tokens)
+// of it zero, by quant_a.cuh's quantize_group: bit for bit what nvfp4_gemm::quantize writes for those rows.
+// The GEMM then runs its NVFP4-A path on them, so linear gives exactly mm(quantize(x)). One thread per (row,
+// 16-element group), a row's groups on consecutive threads. A programmatic dependent: it waits for the kernel
+// ahead before it reads anything, then releases the GEMM at once, whose B loads overlap it
+// (WkParams::b_before_wait).
+__global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m,
+                                                         int tokens, int k, const float* __restrict__ a_scale,
+                                                         bool is_decode, uint8_t* __restrict__ packed,
+                                                         uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx >= static_cast<int64_t>(tokens) * groups) return;
+  const int r = static_cast<int>(idx / groups), g = static_cast<int>(idx % groups);
+  uint8_t s8 = 0;
+  if (r < m) {
+    uint32_t w0, w1;
+    quantize_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), encode_scale_of(a_scale, is_decode),
+                   s8, w0, w1);
+    *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
+  }
+  sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
+}
+
+cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens, uint8_t* packed, uint8_t* sf,
+                              cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(int64_t{tokens} * (p.k / 16), 256)));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, quant_a_wk_kernel, p.a + r0 * p.lda, p.lda, p.a_type, rows, tokens,
+                            static_cast<int>(p.k), p.a_scale, p.a_scale_is_decode, packed, sf);
 }
 
 bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
-  if (!split_workspace_ok(pl.partial_bytes, pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
+  if (!split_workspace_ok(pl.partial_bytes + pl.qa_bytes + pl.qsf_bytes, pl.counter_bytes, workspace, ws_bytes, err,
+                          err_len))
+    return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -554,15 +604,23 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   wp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
   l.stream = stream;
-  const bool a4 = p->a_type == AType::kE2m1;
+  // Float A quantized on the fly: each launch's rows are quantized into the workspace first, and the kernel
+  // reads them as NVFP4 A (its e2m1 instantiation).
+  const bool quant = quantizes_a(*p), a4 = quant || p->a_type == AType::kE2m1;
+  uint8_t* const qa = ws + pl.partial_bytes + pl.counter_bytes;
+  uint8_t* const qsf = qa + pl.qa_bytes;
+  wp.b_before_wait = quant;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
-  // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks.
+  // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks. (The quantization of the
+  // next launch's rows waits for this launch to finish before it overwrites the workspace.)
   for (int64_t r0 = 0; r0 < p->m; r0 += c.tokens) {
     const int64_t rows = std::min<int64_t>(c.tokens, p->m - r0);
+    const uint8_t* const a_rows = quant ? qa : p->a + r0 * p->lda;
+    const int64_t lda = quant ? p->k / 2 : p->lda;
     const bool ok_a =
-        a4 ? encode_2d(&wp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->a + r0 * p->lda, static_cast<uint64_t>(p->k / 2),
-                       static_cast<uint64_t>(rows), static_cast<uint64_t>(p->lda), kWkK / 2,
+        a4 ? encode_2d(&wp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a_rows, static_cast<uint64_t>(p->k / 2),
+                       static_cast<uint64_t>(rows), static_cast<uint64_t>(lda), kWkK / 2,
                        static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)
            : encode_2d(&wp.tmap_a,
                        p->a_type == AType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -572,7 +630,17 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
       set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for A");
       return false;
     }
-    if (a4) {
+    if (quant) {
+      wp.sfa = qsf;
+      wp.a_row0 = 0;
+      if (const cudaError_t e = consumed(launch_quant_a_wk(*p, r0, static_cast<int>(rows), c.tokens, qa, qsf, stream));
+          e != cudaSuccess) {
+        if (err && err_len)
+          std::snprintf(err, err_len, "sm90 %s: launching the quantization of A failed: %s", c.name,
+                        cudaGetErrorString(e));
+        return false;
+      }
+    } else if (a4) {
       wp.sfa = p->sfa + (r0 / 128) * (p->k / 64) * kSfAtomBytes;
       wp.a_row0 = static_cast<int>(r0 % 128);
     }
@@ -589,7 +657,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     wp.trace = trace_buffer_for_launch(pl.row_blocks * wp.splits, stream);
 #endif
-    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][static_cast<int>(p->a_type)](l));
+    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][a4 ? 0 : static_cast<int>(p->a_type)](l));
         e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
@@ -630,14 +698,9 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     return false;
   }
   if (kConfigs[config].kind == Kind::kWarpK) {
-    const bool a4 = p->a_type == AType::kE2m1;
-    if (!is_a16(*p) && !a4) {
-      if (why && why_len)
-        std::snprintf(why, why_len, "%s takes NVFP4 a or float16 / bfloat16 a (not a quantized on the fly)",
-                      kConfigs[config].name);
-      return false;
-    }
-    if (a4 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
+    // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
+    const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
+    if (p->a_type == AType::kE2m1 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
                reinterpret_cast<uintptr_t>(p->sfa) % 16 != 0)) {
       if (why && why_len)
         std::snprintf(why, why_len, "%s takes NVFP4 a with 16-byte aligned rows and sfa (TMA and bulk copies); got "
@@ -749,14 +812,9 @@ int wk_pick(const Problem& p, const DeviceInfo* dev) {
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
+  // Float A quantized on the fly (linear's W4A4) takes the K-sliced kernel wherever the packed form does, so
+  // linear(x) runs the kernel mm(quantize(x)) runs, on the same bits (run_wk).
   if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
-  // Float A quantized on the fly (linear's W4A4) where mm of the packed form takes the K-sliced kernel, which
-  // does not quantize: no kernel here, so linear quantizes first and calls mm. linear(x) stays mm(quantize(x))
-  // bit for bit because both then run the same kernel (configs.h, kWkPick).
-  if (quantizes_a(*p) && p->m >= 1 && p->m <= kWkMaxM && p->k % kWkK == 0) {
-    set_msg(why, why_len, "sm90: at M <= 16 and K % 256 == 0 the packed form runs on the K-sliced kernel; quantize first");
-    return -1;
-  }
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
@@ -771,8 +829,7 @@ size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) 
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
   }
   if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
-    const WkPlan pl = make_wk_plan(*p, config, sms);
-    return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
+    return static_cast<size_t>(make_wk_plan(*p, config, sms).bytes());
   }
   const Plan pl = make_plan(*p, config, sms);
   return static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
@@ -1034,10 +1091,10 @@ const char* dispatch_rules() {
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
       if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
         t += std::string("; ") + kConfigs[config_index(kWkPick8)].name +
-             " for NVFP4 and 16-bit a (K % 256 == 0; float a quantized on the fly is quantized first)";
+             " for NVFP4, 16-bit and float a quantized on the fly (K % 256 == 0)";
       if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4 and 16-bit a at M 9.." +
-             std::to_string(kWkMaxM) + " (K % 256 == 0; float a quantized on the fly is quantized first)";
+        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4, 16-bit and float a quantized on the fly at M 9.." +
+             std::to_string(kWkMaxM) + " (K % 256 == 0)";
       if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
         t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
              " would run unsplit and it holds every row block in one wave";

@@ -48,7 +48,10 @@
 // stage's B and scales. A prefetch reads nothing into the CTA, so it is right even where the kernel ahead wrote
 // B (quantize, then mm at once on the same stream: that kernel's writes are visible only after the wait). Every
 // load into shared memory, and so every write to C, the workspace and the counters, comes after the wait, and
-// the consumers wait before they touch global memory.
+// the consumers wait before they touch global memory. One exception, b_before_wait: where the kernel ahead is
+// this call's own quantization of float A (backend.cu, quant_a_wk_kernel), which writes only the workspace and
+// starts only once the kernel before it has finished (its own wait comes first), B cannot be the kernel
+// ahead's output, and its stages load into shared memory while A is being quantized.
 #pragma once
 
 #include <cuda.h>
@@ -110,6 +113,8 @@ struct WkParams {
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
+  bool b_before_wait;   // the grid this one depends on writes neither B nor its scales (it is this call's own
+                        // quantization of A, backend.cu): B's first stages load before griddepcontrol.wait
   float out_mult;       // 2^7
   OutDtype out_dtype;
   uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
@@ -231,20 +236,29 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
             cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
         }
       };
-      // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
       const int pre = min(STAGES, nkb);
-      if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
-        cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
-      else
-        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
-      prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
-      cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
-      trace_at(wk_trace(p), cta, 1, global_ns());
-      load_b(kb0, 0);
-      load_a(kb0, 0);
-      if (pre > 1) {
-        Barrier::wait(&full_bar[0], 0);
-        for (int x = 1; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+      if (p.b_before_wait) {
+        // The kernel ahead quantizes this call's A and writes nothing B is made of: the whole pipeline's B
+        // loads while it runs, and A's once it is done.
+        for (int x = 0; x < pre; ++x) load_b(kb0 + x, x);
+        cudaGridDependencySynchronize();
+        trace_at(wk_trace(p), cta, 1, global_ns());
+        for (int x = 0; x < pre; ++x) load_a(kb0 + x, x);
+      } else {
+        // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
+        if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
+          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
+        else
+          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
+        prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
+        cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
+        trace_at(wk_trace(p), cta, 1, global_ns());
+        load_b(kb0, 0);
+        load_a(kb0, 0);
+        if (pre > 1) {
+          Barrier::wait(&full_bar[0], 0);
+          for (int x = 1; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+        }
       }
       int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
       for (int i = pre; i < nkb; ++i) {

@@ -5,9 +5,9 @@
 //   * static W4A4: none;
 //   * weight-only: none;
 //   * a bias: 1 more (finish_linear).
-// The GEMM quantizes x itself where an arch kernel can (mm_quantized_a_cuda: sm90). Elsewhere (sm100, the
-// generic path, M >= 2048 on sm90, and M <= 16 with K % 256 == 0 on sm90, where mm runs the packed form on the
-// K-sliced kernel, which does not quantize) quantize runs first (csrc/quant/quantize.cu, called directly, not through
+// The GEMM quantizes x itself where an arch kernel can (mm_quantized_a_cuda: sm90, whose K-sliced path at
+// M <= 16 runs its own quantization kernel ahead of the GEMM inside the one call). Elsewhere (sm100, the
+// generic path, M >= 2048 on sm90) quantize runs first (csrc/quant/quantize.cu, called directly, not through
 // the dispatcher): one more launch, reading the buffer's encode scale (dynamic) or forming it from
 // input_scale and writing alpha (static); mm then reads alpha from the buffer. No host sync anywhere.
 #include <ATen/ATen.h>
