@@ -489,6 +489,15 @@ bool wk_tiled_experiment() {
 }
 
 // K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
+// Stages of B the K-sliced kernel loads before its grid dependency wait where the kernel ahead is the call's own
+// quantization of A: all of its pipeline. Experiments only: NVFP4_GEMM_SM90_WK_EARLY_B=n (read per call) loads
+// n, the rest after the first stage has landed (the weight-only order, with stage 0 ahead of the wait).
+int wk_early_b_stages() {
+  const char* env = std::getenv("NVFP4_GEMM_SM90_WK_EARLY_B");
+  const int n = env && *env ? std::atoi(env) : 0;
+  return n > 0 ? n : 1 << 20;
+}
+
 struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
   int64_t partial_bytes = 0, counter_bytes = 0;
@@ -530,7 +539,7 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
 // The GEMM then runs its NVFP4-A path on them, so linear gives exactly mm(quantize(x)). One thread per (row,
 // 16-element group), a row's groups on consecutive threads. A programmatic dependent: it waits for the kernel
 // ahead before it reads anything, then releases the GEMM at once, whose B loads overlap it
-// (WkParams::b_before_wait).
+// (WkParams::b_early).
 __global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m,
                                                          int tokens, int k, const float* __restrict__ a_scale,
                                                          bool is_decode, uint8_t* __restrict__ packed,
@@ -609,7 +618,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   const bool quant = quantizes_a(*p), a4 = quant || p->a_type == AType::kE2m1;
   uint8_t* const qa = ws + pl.partial_bytes + pl.counter_bytes;
   uint8_t* const qsf = qa + pl.qa_bytes;
-  wp.b_before_wait = quant;
+  wp.b_early = quant ? wk_early_b_stages() : 0;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
   // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks. (The quantization of the

@@ -48,7 +48,7 @@
 // stage's B and scales. A prefetch reads nothing into the CTA, so it is right even where the kernel ahead wrote
 // B (quantize, then mm at once on the same stream: that kernel's writes are visible only after the wait). Every
 // load into shared memory, and so every write to C, the workspace and the counters, comes after the wait, and
-// the consumers wait before they touch global memory. One exception, b_before_wait: where the kernel ahead is
+// the consumers wait before they touch global memory. One exception, b_early: where the kernel ahead is
 // this call's own quantization of float A (backend.cu, quant_a_wk_kernel), which writes only the workspace and
 // starts only once the kernel before it has finished (its own wait comes first), B cannot be the kernel
 // ahead's output, and its stages load into shared memory while A is being quantized.
@@ -113,8 +113,9 @@ struct WkParams {
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
-  bool b_before_wait;   // the grid this one depends on writes neither B nor its scales (it is this call's own
-                        // quantization of A, backend.cu): B's first stages load before griddepcontrol.wait
+  int b_early;          // > 0 only where the grid this one depends on writes neither B nor its scales (this
+                        // call's own quantization of A, backend.cu): the first b_early stages of B load before
+                        // griddepcontrol.wait
   float out_mult;       // 2^7
   OutDtype out_dtype;
   uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
@@ -237,13 +238,17 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
         }
       };
       const int pre = min(STAGES, nkb);
-      if (p.b_before_wait) {
-        // The kernel ahead quantizes this call's A and writes nothing B is made of: the whole pipeline's B
-        // loads while it runs, and A's once it is done.
-        for (int x = 0; x < pre; ++x) load_b(kb0 + x, x);
+      if (const int early = min(p.b_early, pre); early > 0) {
+        // The kernel ahead quantizes this call's A and writes nothing B is made of: B's first stages load while
+        // it runs, A's once it is done, then the rest of the pipeline once the first stage has landed.
+        for (int x = 0; x < early; ++x) load_b(kb0 + x, x);
         cudaGridDependencySynchronize();
         trace_at(wk_trace(p), cta, 1, global_ns());
-        for (int x = 0; x < pre; ++x) load_a(kb0 + x, x);
+        for (int x = 0; x < early; ++x) load_a(kb0 + x, x);
+        if (early < pre) {
+          Barrier::wait(&full_bar[0], 0);
+          for (int x = early; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+        }
       } else {
         // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
         if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
