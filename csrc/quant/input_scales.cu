@@ -184,7 +184,7 @@ cudaError_t launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x,
   const int64_t work = rows * tiles_per_row;
   const int64_t blocks = work < 1 ? 1 : work < blocks_cap ? work : blocks_cap;
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, pdl != 0, attr);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, pdl != 0, attr);
   cudaLaunchKernelEx(&cfg, dynamic_scales_kernel<D>, static_cast<const uint8_t*>(x), ld_x * esize, row_chunks,
                      tiles_per_row > 0 ? tiles_per_row : int64_t{1}, work, ws2, out, slot);
   return cudaSuccess;

@@ -15,6 +15,8 @@
 
 #include <atomic>
 
+#include "common/pdl.h"
+
 namespace nvfp4_gemm::quant {
 
 constexpr int kMaxDevices = 64;
@@ -53,23 +55,6 @@ cudaError_t kernel_waits_for_predecessor(Kernel* kernel, std::atomic<int>* cache
     *v = e == cudaSuccess && a.ptxVersion >= 90 ? 1 : 0;
     return e;
   });
-}
-
-// A launch configuration for `blocks` x `threads` on `stream`, a programmatic dependent where `pdl` is set
-// (`attr` must outlive the launch).
-inline cudaLaunchConfig_t launch_config(dim3 blocks, dim3 threads, cudaStream_t stream, bool pdl,
-                                        cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = blocks;
-  cfg.blockDim = threads;
-  cfg.stream = stream;
-  if (pdl) {
-    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr->val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  return cfg;
 }
 
 }  // namespace nvfp4_gemm::quant

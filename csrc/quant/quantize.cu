@@ -113,7 +113,7 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const GlobalSc
   const auto run = [&](auto kernel, auto half) {
     int pdl = 0;
     if (const cudaError_t e = waits_for_predecessor(kernel, &pdl); e != cudaSuccess) return e;
-    const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, pdl != 0, attr);
+    const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, pdl != 0, attr);
     return cudaLaunchKernelEx(&cfg, kernel, src, ld_x * Elem<D>::kBytes, rows, k, half, gs, packed, sf);
   };
   cudaError_t e = items <= 0xFFFFFFFFll ? run(quantize_kernel<D, uint32_t>, static_cast<uint32_t>(half_items))

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "common/stream_slots.h"
 #include "sm90/backend.h"
@@ -340,15 +341,8 @@ int split_counter_slot(int row_blocks, cudaStream_t stream) {
 }
 
 cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(dim3(1), dim3(256), 0, stream, /*pdl=*/true, attr);
   return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
@@ -562,15 +556,9 @@ __global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restri
 
 cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens, uint8_t* packed, uint8_t* sf,
                               cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(int64_t{tokens} * (p.k / 16), 256)));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(ceil_div(int64_t{tokens} * (p.k / 16), 256))),
+                                               dim3(256), 0, stream, /*pdl=*/true, attr);
   return cudaLaunchKernelEx(&cfg, quant_a_wk_kernel, p.a + r0 * p.lda, p.lda, p.a_type, rows, tokens,
                             static_cast<int>(p.k), p.a_scale, p.a_scale_is_decode, packed, sf);
 }

@@ -66,6 +66,7 @@
 
 #include <type_traits>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
@@ -444,16 +445,9 @@ cudaError_t launch_wk(const WkLaunch& l) {
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); });
   if (attr != cudaSuccess) return attr;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
-  cfg.blockDim = dim3(kWkThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = l.stream;
   cudaLaunchAttribute attrs[1];  // programmatic dependent launch: see the note at the top
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg =
+      launch_config(dim3(l.row_blocks, l.params.splits), dim3(kWkThreads), smem, l.stream, /*pdl=*/true, attrs);
   return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 
