@@ -215,10 +215,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 
   if (threadIdx.x == 0) {
     if (uint64_t* const trace = trace_of(p)) {
-      uint32_t smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
       trace_at(trace, cta, 0, global_ns());
-      trace_at(trace, cta, 10, smid);
+      trace_at(trace, cta, 10, sm_id());
     }
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
