@@ -263,8 +263,8 @@ PROBE_CASES = (
     Case(100, 264, 1056, torch.bfloat16, alpha=0.5),
     Case(300, 512, 2080, torch.float32, alpha=-0.75),
     Case(128, 4096, 7168, alpha=0.5),
-    # The weight-only form: the configs that take only 16-bit activations (sm90's K-sliced ones, K % 256 == 0)
-    # have these to run.
+    # The weight-only form; with the case above, something for sm90's K-sliced configs (K % 256 == 0) to run
+    # in both forms.
     Case(5, 264, 768, alpha=-1.5, a_dtype=torch.float16),
     Case(16, 4096, 4096, torch.bfloat16, a_dtype=torch.bfloat16),
 )
