@@ -1,12 +1,14 @@
 """The GPU benchmarks' logic, run on the CPU: benchmarks/bench_mm.py and benchmarks/bench_model.py in --smoke
 mode (tiny shapes, wall clock, no CUDA graphs), each in a subprocess as a user runs it, then their JSON and
 printed tables checked against figures recomputed here (operand-set counts, ratios, target verdicts) and
-their outputs against the float reference; bench_linear_host.py's table. Each script takes ~5-20 s on a 2-core machine."""
+their outputs against the float reference; bench_linear_host.py's table. Each script takes ~5-20 s on a 2-core machine.
+Last, the GPU-machine driver benchmarks/device.sh: its steps and its command-line checks (nothing runs)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -404,3 +406,47 @@ def test_bench_generate_bad_arguments(args, words):
         bench_module("bench_generate").main(args)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+DRIVER = os.path.join(BENCH, "device.sh")
+
+
+def driver_steps() -> list[str]:
+    text = open(DRIVER).read()
+    block = text.split("STEPS=(", 1)[1].split(")", 1)[0]
+    return block.split()
+
+
+def run_driver(*args: str, out: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DIAG"}
+    return subprocess.run(["bash", DRIVER, *args], capture_output=True, text=True, cwd=ROOT, env=dict(env, OUT=out),
+                          timeout=60)
+
+
+def test_device_driver_steps_are_documented_and_handled():
+    """Each step device.sh accepts has its branch of the step `case` and a line in the header (--help)."""
+    assert subprocess.run(["bash", "-n", DRIVER]).returncode == 0
+    steps = driver_steps()
+    assert len(steps) == len(set(steps)) and {"build", "tests", "sanitize", "generate"} <= set(steps)
+    text = open(DRIVER).read()
+    for s in steps:
+        assert re.search(rf"^    {s}\)$", text, re.M), f"no case branch for step {s}"
+    proc = run_driver("--help", out=os.devnull)
+    assert proc.returncode == 0, proc.stderr
+    for s in steps:
+        assert re.search(rf"^  {s} ", proc.stdout, re.M), f"step {s} missing from the header"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["build", "tests", "nosuchstep"], ["unknown step 'nosuchstep'", "build diagbuild tests"]),
+    (["build", "diag"], ["diag step needs DIAG"]),
+    ([], ["Steps"]),
+])
+def test_device_driver_refuses_a_bad_command_line(tmp_path, args, words):
+    """A bad command line exits 2 before any set-up: $OUT is not even created."""
+    out = tmp_path / "out"
+    proc = run_driver(*args, out=str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+    assert not out.exists()

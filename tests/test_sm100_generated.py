@@ -48,10 +48,11 @@ def test_built_module_lists_the_table():
 
 
 def test_bench_sm100_runs_up_to_the_gpu():
-    """benchmarks/bench_sm100.py builds inputs and maps every shape onto the table on any machine."""
+    """benchmarks/diagnostics/bench_sm100.py builds inputs and maps every shape onto the table on any machine."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_sm100.py"), "--shapes", "gpumode"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    script = os.path.join(ROOT, "benchmarks", "diagnostics", "bench_sm100.py")
+    p = subprocess.run([sys.executable, script, "--shapes", "gpumode"], capture_output=True, text=True, env=env,
+                       timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "sm100_nvfp4_" in p.stdout
     if "stopped before timing" not in p.stdout:

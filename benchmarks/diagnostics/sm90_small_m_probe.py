@@ -14,9 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nvfp4_gemm
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_sm90 import bench, inputs_for  # noqa: E402
+from bench_sm90 import bench, inputs_for  # its sibling in benchmarks/diagnostics/
 
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
 

@@ -6,7 +6,7 @@ those as % of the measured fp16 matmul rate and device-copy bandwidth. Medians o
 (L2 flushed between repetitions). Writes JSON, a PNG chart (if matplotlib is there) and a Markdown
 section to --out; RESULTS.md gets that section appended by whoever runs it.
 
-    python benchmarks/bench_sm90.py --out benchmarks/out [--shapes targets|all] [--splits 1,2,4]
+    python benchmarks/diagnostics/bench_sm90.py --out benchmarks/out [--shapes targets|all] [--splits 1,2,4]
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def main():
     json.dump(dict(meta=meta, rows=rows), open(os.path.join(args.out, "bench_sm90.json"), "w"), indent=1)
 
     lines = [f"### sm90 — {meta['device']}, {meta['date']}, commit {commit}", "",
-             f"`python benchmarks/bench_sm90.py --shapes {args.shapes}`; medians of triton do_bench (L2 flushed). "
+             f"`python benchmarks/diagnostics/bench_sm90.py --shapes {args.shapes}`; medians of triton do_bench (L2 flushed). "
              f"Ceilings measured in the run: copy {meta['copy_tbps']:.2f} TB/s (read+write, 1 GiB), fp16 cuBLAS "
              f"8192^3 {meta['mm_tflops']:.0f} TFLOP/s. GPU MODE geomean ratio vs predecoded cuBLAS: {geo:.3f} (target <= 0.42).", "",
              "| M | N | K | sm90 us | cuBLAS predecoded us | ratio | generic us | TFLOP/s | GB/s | % mm | % copy | target | met |",

@@ -6,7 +6,7 @@ median times of nvfp4_gemm.mm and torch._scaled_mm (fp4 x fp4, blocked e4m3 scal
 speed-of-light time where the shape has one, and the max error against nvfp4_gemm.reference_mm on a
 sampled block.
 
-    python benchmarks/bench_sm100.py [--shapes gpumode|all] [--json OUT.json]
+    python benchmarks/diagnostics/bench_sm100.py [--shapes gpumode|all] [--json OUT.json]
 
 Without a Blackwell GPU it builds the inputs, prints the table's choices and stops, saying so: no
 number printed here was measured on SM100.
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "csrc", "sm100"))
 import generate  # noqa: E402  - the dispatch table itself
 
