@@ -257,6 +257,46 @@ def test_wk_configs_quantize_on_the_fly(monkeypatch, mode):
             assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (name, m, n, k, x_dtype)
 
 
+_DYNAMIC_CHECK = """
+import sys, torch, nvfp4_gemm
+def check(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for x_dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for m, n, k in ((1, 264, 4096), (16, 136, 1024), (9, 200, 14336)):
+            w = torch.randn(n, k, device="cuda", generator=g)
+            ws2 = (w.abs().amax() / 2688.0).reshape(1)
+            wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+            base = torch.randn(m, k, device="cuda", generator=g)
+            # Each launch must start from zeroed reduction words: a large amax, then small ones, then none finite.
+            xs = [base * 1000, base * 1e-3, torch.zeros_like(base), base.clone()]
+            xs[3][0, 3] = float("nan")
+            xs[3][-1, 7] = float("inf")
+            xs.append(torch.full_like(base, float("nan")))
+            for i, x in enumerate(x.to(x_dtype) for x in xs):
+                y = nvfp4_gemm.linear(x, wq, wsf, ws2)
+                scales = torch.ops.nvfp4_gemm._input_scales(x, ws2, None)
+                packed, sf = nvfp4_gemm.quantize(x, scales[0:1])
+                ref = nvfp4_gemm.mm(packed, wq, sf, wsf, scales[2:3], x_dtype)
+                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (x_dtype, m, n, k, i)
+check(int(sys.argv[1]))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("slots", ["1", "0"], ids=["counter-slot", "workspace-words"])
+def test_dynamic_scales_formed_in_the_gemm(slots):
+    """Dynamic W4A4 at M <= 16 (K % 256 == 0): the K-sliced call forms the input scales itself (a grid-wide max
+    over x's finite values, then recipe.h's scales) with no input-scales launch; bit for bit the input-scales
+    op, quantize and mm, for every x dtype, a launch after a larger amax (the reduction words start from zero
+    each time), all zeros, NaN / inf elements and nothing finite; on the stream's counter slot and, with the
+    slots off, on workspace words zeroed ahead."""
+    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS=slots, NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHECK, "5"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 def test_linear_runs_one_fused_gemm():
     """NVFP4_GEMM_PRINT_CONFIGS names what runs: one GEMM call that quantizes x itself, the K-sliced kernel at
     M = 4 (K % 256 == 0), a wgmma config at M = 100."""

@@ -18,6 +18,7 @@
 #include "common/pdl.h"
 #include "common/problem.h"
 #include "common/stream_slots.h"
+#include "quant/input_scales.h"
 #include "sm90/backend.h"
 #include "sm90/configs.h"
 #include "sm90/sm90_gemm.cuh"
@@ -496,7 +497,8 @@ struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
   int64_t partial_bytes = 0, counter_bytes = 0;
   int64_t qa_bytes = 0, qsf_bytes = 0;  // float A quantized on the fly: its packed rows and its scale atoms
-  int64_t bytes() const { return partial_bytes + counter_bytes + qa_bytes + qsf_bytes; }
+  int64_t dyn_bytes = 0;  // dynamic scales: three zeroed words of grid-reduction state where no slot is free
+  int64_t bytes() const { return partial_bytes + counter_bytes + qa_bytes + qsf_bytes + dyn_bytes; }
 };
 
 WkPlan make_wk_plan(const Problem& p, int config, int sms) {
@@ -524,6 +526,7 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
     pl.qa_bytes = round_up(int64_t{c.tokens} * (p.k / 2), 256);
     pl.qsf_bytes = round_up(p.k / 64 * kSfAtomBytes, 256);
   }
+  if (dynamic_a(p)) pl.dyn_bytes = 256;
   return pl;
 }
 
@@ -554,20 +557,94 @@ __global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restri
   sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
 }
 
+// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
+// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
+// Each CTA takes the max over its groups' finite |values| (fp32 bits compared as integers, as there), adds it
+// to the grid's running max (words[0]) and arrives (words[1]); every CTA then waits until all have arrived
+// (can_run keeps the grid within one CTA per SM, so all of it is resident), reads the max, quantizes and
+// leaves (words[2]); the last to leave zeroes the three words for the next launch on this stream. CTA 0
+// writes {encode, decode, alpha} to `out`, where the GEMM reads its alpha.
+__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  __shared__ uint32_t s_max;
+  __shared__ float s_encode;
+  if (threadIdx.x == 0) s_max = 0;
+  __syncthreads();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  const bool live = idx < static_cast<int64_t>(tokens) * groups;
+  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
+  const bool has = live && r < m;
+  uint32_t raw[16];
+  uint32_t finite_max = 0;
+  if (has) {
+    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
+      finite_max = max(finite_max, a < 0x7F800000u ? a : 0u);  // NaN and inf left out
+    }
+  }
+  finite_max = __reduce_max_sync(0xFFFFFFFFu, finite_max);
+  if ((threadIdx.x & 31) == 0) atomicMax(&s_max, finite_max);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* const words = split_counters(slot, ws_words);
+    atomicMax(&words[0], s_max);
+    __threadfence();  // the max before the arrival
+    atomicAdd(&words[1], 1u);
+    while (atomicAdd(&words[1], 0u) < gridDim.x) __nanosleep(32);
+    __threadfence();
+    const quant::InputScales sc = quant::dynamic_input_scales(__uint_as_float(atomicMax(&words[0], 0u)), __ldg(ws2));
+    s_encode = sc.encode;
+    if (blockIdx.x == 0) {
+      out[quant::kEncode] = sc.encode;
+      out[quant::kDecode] = sc.decode;
+      out[quant::kAlpha] = sc.alpha;
+    }
+    if (atomicAdd(&words[2], 1u) == gridDim.x - 1) {  // every CTA has read the max: zero for the next launch
+      words[0] = 0;
+      words[1] = 0;
+      words[2] = 0;
+    }
+  }
+  __syncthreads();
+  if (!live) return;
+  uint8_t s8 = 0;
+  if (has) {
+    uint32_t w0, w1;
+    quantize_loaded(xt, raw, s_encode, s8, w0, w1);
+    *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
+  }
+  sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
+}
+
+// CTAs of one A quantization launch (one thread per row and 16-element group of TOKENS rows).
+int64_t quant_a_wk_blocks(int tokens, int64_t k) { return ceil_div(int64_t{tokens} * (k / 16), 256); }
+
+// The launch's quantization of A ahead of the K-sliced kernel, with a static encode scale (Problem::a_scale)
+// or dynamic scales (`words`: slot >= 0, or three zeroed workspace words).
 cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens, uint8_t* packed, uint8_t* sf,
-                              cudaStream_t stream) {
+                              int slot, uint32_t* ws_words, cudaStream_t stream) {
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(ceil_div(int64_t{tokens} * (p.k / 16), 256))),
-                                               dim3(256), 0, stream, /*pdl=*/true, attr);
-  return cudaLaunchKernelEx(&cfg, quant_a_wk_kernel, p.a + r0 * p.lda, p.lda, p.a_type, rows, tokens,
-                            static_cast<int>(p.k), p.a_scale, p.a_scale_is_decode, packed, sf);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(quant_a_wk_blocks(tokens, p.k))), dim3(256),
+                                               0, stream, /*pdl=*/true, attr);
+  const uint8_t* const x = p.a + r0 * p.lda;
+  if (dynamic_a(p))
+    return cudaLaunchKernelEx(&cfg, quant_a_wk_dynamic_kernel, x, p.lda, p.a_type, rows, tokens, static_cast<int>(p.k),
+                              p.a_dynamic_ws2, p.a_dynamic_out, slot, ws_words, packed, sf);
+  return cudaLaunchKernelEx(&cfg, quant_a_wk_kernel, x, p.lda, p.a_type, rows, tokens, static_cast<int>(p.k),
+                            p.a_scale, p.a_scale_is_decode, packed, sf);
 }
 
 bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
-  if (!split_workspace_ok(pl.partial_bytes + pl.qa_bytes + pl.qsf_bytes, pl.counter_bytes, workspace, ws_bytes, err,
+  if (!split_workspace_ok(pl.bytes() - pl.counter_bytes, pl.counter_bytes, workspace, ws_bytes, err,
                           err_len))
     return false;
   WkLaunch l{};
@@ -606,6 +683,10 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   const bool quant = quantizes_a(*p), a4 = quant || p->a_type == AType::kE2m1;
   uint8_t* const qa = ws + pl.partial_bytes + pl.counter_bytes;
   uint8_t* const qsf = qa + pl.qa_bytes;
+  uint32_t* const dyn_words = reinterpret_cast<uint32_t*>(qsf + pl.qsf_bytes);
+  // Dynamic scales: the grid reduction's words are a slot of this stream's (split_counters.cuh: this
+  // translation unit's copy, used only by quant_a_wk_dynamic_kernel), or workspace words zeroed ahead.
+  const int dyn_slot = dynamic_a(*p) ? split_counter_slot(3, stream) : -1;
   wp.b_early = quant ? wk_early_b_stages() : 0;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
@@ -630,7 +711,16 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
     if (quant) {
       wp.sfa = qsf;
       wp.a_row0 = 0;
-      if (const cudaError_t e = consumed(launch_quant_a_wk(*p, r0, static_cast<int>(rows), c.tokens, qa, qsf, stream));
+      if (dynamic_a(*p) && dyn_slot < 0) {
+        if (const cudaError_t z = consumed(launch_zero_counters(dyn_words, 3, stream)); z != cudaSuccess) {
+          if (err && err_len)
+            std::snprintf(err, err_len, "sm90 %s: launching the scale-reduction reset failed: %s", c.name,
+                          cudaGetErrorString(z));
+          return false;
+        }
+      }
+      if (const cudaError_t e = consumed(launch_quant_a_wk(*p, r0, static_cast<int>(rows), c.tokens, qa, qsf, dyn_slot,
+                                                           dyn_words, stream));
           e != cudaSuccess) {
         if (err && err_len)
           std::snprintf(err, err_len, "sm90 %s: launching the quantization of A failed: %s", c.name,
@@ -694,9 +784,27 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
+  if (dynamic_a(*p) && kConfigs[config].kind != Kind::kWarpK) {
+    if (why && why_len)
+      std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced configs do)",
+                    kConfigs[config].name);
+    return false;
+  }
   if (kConfigs[config].kind == Kind::kWarpK) {
     // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
     const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
+    if (dynamic_a(*p)) {  // one launch whose quantization grid meets at a grid-wide barrier (run_wk)
+      const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+      const int tokens = kConfigs[config].tokens;
+      if (p->m > tokens || quant_a_wk_blocks(tokens, p->k) > sms) {
+        if (why && why_len)
+          std::snprintf(why, why_len, "%s forms dynamic input scales for M <= %d and K <= %lld on this device; got "
+                        "M=%lld K=%lld", kConfigs[config].name, tokens,
+                        static_cast<long long>(int64_t{sms} * 256 * 16 / tokens), static_cast<long long>(p->m),
+                        static_cast<long long>(p->k));
+        return false;
+      }
+    }
     if (p->a_type == AType::kE2m1 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
                reinterpret_cast<uintptr_t>(p->sfa) % 16 != 0)) {
       if (why && why_len)

@@ -1,7 +1,8 @@
 // CUDA implementation of nvfp4_gemm::linear and nvfp4_gemm::_input_scales. Launches per forward, besides
 // the GEMM's own:
 //   * dynamic W4A4: 1, the input scales kernel (csrc/quant/input_scales.cu: finite amax, then encode /
-//     decode / alpha into a small device buffer);
+//     decode / alpha into a small device buffer); none where the GEMM call forms them itself (mm_dynamic_a_cuda:
+//     sm90's K-sliced path at M <= 16);
 //   * static W4A4: none;
 //   * weight-only: none;
 //   * a bias: 1 more (finish_linear).
@@ -96,6 +97,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::
   }
   at::Tensor scales = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
   if (rows && !input_scale.has_value()) {
+    // Where an arch kernel also forms the input scales itself (sm90's K-sliced path at decode M), one call.
+    if (std::optional<at::Tensor> fused = mm_dynamic_a_cuda(x2, weight, weight_scale, weight_scale_2, scales, mm_dtype))
+      return finish_linear(std::move(*fused), bias, s);
     launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
     if (std::optional<at::Tensor> fused = mm_quantized_a_cuda(
             x2, weight, weight_scale, scales.narrow(0, quant::kEncode, 1), /*a_scale_is_decode=*/false,
