@@ -96,4 +96,4 @@ for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 10 * len(wk), "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 9, "configs:", nvfp4_gemm.configs()["sm90"])
