@@ -441,17 +441,23 @@ def test_fusing_and_unfusing_keep_the_modules_and_their_hooks(monkeypatch):
     assert torch.equal(logits(model, ids), want)
 
 
-def test_gradients_through_fused_groups(monkeypatch):
-    """Autograd (nvfp4_gemm.autograd) sees the fused GEMM: the input gradient equals the unfused model's."""
-    model, plain = quantized_pair("qwen2", "weight_only")
+def input_grads_and_gemms(models, count):
+    """Per model: the gradient of a loss over its logits with respect to the input embeddings, and the GEMM
+    calls its forward and backward made (count: a CountGemms)."""
     ids = token_ids()
-    grads = []
-    count = CountGemms(monkeypatch)
-    for m in (model, plain):
+    out = []
+    for m in models:
         emb = m.model.embed_tokens(ids).detach().requires_grad_(True)
         count.calls = 0
         m(inputs_embeds=emb, use_cache=False).logits.square().mean().backward()
-        grads.append((emb.grad, count.calls))
+        out.append((emb.grad, count.calls))
+    return out
+
+
+def test_gradients_through_fused_groups(monkeypatch):
+    """Autograd (nvfp4_gemm.autograd) sees the fused GEMM: the input gradient equals the unfused model's."""
+    model, plain = quantized_pair("qwen2", "weight_only")
+    grads = input_grads_and_gemms((model, plain), CountGemms(monkeypatch))
     assert grads[0][1] == FUSED_GEMMS and grads[1][1] == UNFUSED_GEMMS
     assert torch.isfinite(grads[0][0]).all() and grads[0][0].abs().sum() > 0
     # (one fp32 sum over the fused N in the backward instead of three added: rounding-level differences)
@@ -462,18 +468,13 @@ def test_gradients_through_groups_with_own_scales(monkeypatch):
     """A call that needs a gradient runs a per-part-alpha group unfused (linear_parts has no backward): the
     gradients are the unfused model's, bit for bit; without grad the same model runs fused again."""
     model, plain = own_scales_pair("qwen2", "weight_only")
-    ids = token_ids()
-    grads = []
     count = CountGemms(monkeypatch)
-    for m in (model, plain):
-        emb = m.model.embed_tokens(ids).detach().requires_grad_(True)
-        count.calls = 0
-        m(inputs_embeds=emb, use_cache=False).logits.square().mean().backward()
-        grads.append((emb.grad, count.calls))
+    grads = input_grads_and_gemms((model, plain), count)
     assert grads[0][1] == grads[1][1] == UNFUSED_GEMMS
     assert torch.isfinite(grads[0][0]).all() and grads[0][0].abs().sum() > 0
     assert torch.equal(grads[0][0], grads[1][0])
     count.calls = 0
+    ids = token_ids()
     assert torch.equal(logits(model, ids), logits(plain, ids))
     assert count.calls == FUSED_GEMMS + UNFUSED_GEMMS
     # a frozen scale that requires grad is refused as an unfused layer refuses it
