@@ -32,6 +32,11 @@ Variants (the same random weights, seeded, for every variant; one model alive at
 per-part alphas (nvfp4_gemm.fused.linear_parts: one GEMM at alpha 1 into fp32, each part's alpha after), as a
 checkpoint whose parts kept their own scales does; the _unfused variants run the same tensors one GEMM per
 projection. Compare with a run without it for the shared-alpha figures.
+--inductor-pdl: inductor generates its Triton kernels as programmatic dependent launches (gdc_wait before
+what depends on the kernel ahead, gdc_launch_dependents after its loads), for every variant of the run. Our
+GEMMs are programmatic dependents already and release their successor after their main loop; with it, a GEMM
+that follows a Triton kernel (a norm, the SiLU-and-multiply) may start its prologue and weight prefetch while
+that kernel finishes, and the Triton kernel after it likewise. Compare with a run without it.
 lm_head stays fp16 in every variant (as in NVFP4 checkpoints). Memory, per NVFP4 family: the float model's
 bytes, the NVFP4 model's bytes, and the peak during quantize_model (torch.cuda.max_memory_allocated, the float
 model resident), checked against what was allocated before it (the float model) plus four times the largest
@@ -520,7 +525,9 @@ def report(meta: dict, rows: list[dict], targets: list[dict], batches: list[int]
              f"context {meta['context']}, prefill {meta['prefill']} tokens (eager), generate {meta['generate_tokens']} "
              f"tokens (eager, static cache)."
              + (" --own-scales: every fused group's parts have their own weight_scale_2 (per-part alphas)."
-                if meta.get("own_scales") else "")]
+                if meta.get("own_scales") else "")
+             + (" --inductor-pdl: inductor's Triton kernels launch as programmatic dependents in every variant."
+                if meta.get("inductor_pdl") else "")]
     header = (["variant"] + [f"step b{b} ms (fp16 / it)" for b in batches]
               + ["prefill ms (it / fp16)", "generate tok/s", "kernels / step", "GEMM / attn / quant / other ms (count)",
                  "logits vs fp16: rel err, top-1", "model GB", "quantize peak GB"])
@@ -601,6 +608,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", choices=("inductor", "none"), default=None,
                     help="how the decode step is compiled (inductor; --smoke none)")
     ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of one step")
+    ap.add_argument("--inductor-pdl", action="store_true",
+                    help="inductor's Triton kernels as programmatic dependent launches, in every variant of the run "
+                         "(torch._inductor.config.triton.enable_pdl; module docstring)")
     ap.add_argument("--own-scales", action="store_true",
                     help="the fused groups' parts get their own weight scales (per-part alphas; module docstring)")
     ap.add_argument("--json", default=None, help="write every figure here (rewritten after each variant)")
@@ -639,10 +649,13 @@ def main(argv=None) -> int:
     import transformers
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.triton.enable_pdl = args.inductor_pdl
     timer = Timer(device, args.replays)
     clock = Clock(device)
     meta = run_meta(device, timer)
-    meta.update(own_scales=args.own_scales, variants=variants, layers=args.layers, batch=args.batch,
+    meta.update(own_scales=args.own_scales, inductor_pdl=args.inductor_pdl, variants=variants, layers=args.layers, batch=args.batch,
                 context=args.context, prefill=args.prefill,
                 generate_tokens=args.generate_tokens, compile=args.compile, transformers=transformers.__version__,
                 config={**config_kw, "num_hidden_layers": args.layers},

@@ -375,12 +375,13 @@ def test_bench_generate_smoke_own_scales(tmp_path):
     """--own-scales: every fused group runs with per-part alphas, still 4 NVFP4 GEMMs per layer (7 unfused),
     and the unfused logits are bit for bit the fused ones."""
     out = tmp_path / "generate.json"
-    proc = run_script("bench_generate.py", "--smoke", "--own-scales", "--variants",
+    proc = run_script("bench_generate.py", "--smoke", "--own-scales", "--inductor-pdl", "--variants",
                       "wo,wo_unfused,dynamic,dynamic_unfused", "--prefill", "0", "--generate-tokens", "0",
                       "--json", str(out))
     assert_ran(proc)
     data = json.loads(out.read_text())
     assert data["meta"]["own_scales"] is True and "--own-scales" in data["report"]
+    assert data["meta"]["inductor_pdl"] is True and "--inductor-pdl" in data["report"]
     layers, batches = data["meta"]["layers"], data["meta"]["batch"]
     rows = {r["variant"]: r for r in data["rows"]}
     assert list(rows) == ["fp16", "wo", "wo_unfused", "dynamic", "dynamic_unfused"]
