@@ -648,15 +648,15 @@ def main(argv=None) -> int:
 
     import transformers
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     import torch._inductor.config as inductor_config
 
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     inductor_config.triton.enable_pdl = args.inductor_pdl
     timer = Timer(device, args.replays)
     clock = Clock(device)
     meta = run_meta(device, timer)
-    meta.update(own_scales=args.own_scales, inductor_pdl=args.inductor_pdl, variants=variants, layers=args.layers, batch=args.batch,
-                context=args.context, prefill=args.prefill,
+    meta.update(own_scales=args.own_scales, inductor_pdl=args.inductor_pdl, variants=variants, layers=args.layers,
+                batch=args.batch, context=args.context, prefill=args.prefill,
                 generate_tokens=args.generate_tokens, compile=args.compile, transformers=transformers.__version__,
                 config={**config_kw, "num_hidden_layers": args.layers},
                 step_timing=(f"torch.compile {args.compile} (no inductor CUDA graphs), one step captured in a CUDA "
