@@ -228,13 +228,14 @@ def test_linear_quantizes_in_the_gemm(x_dtype, mode):
                 torch.ops.nvfp4_gemm._sm90_force_splits(old)
 
 
-@pytest.mark.parametrize("early_b", ["", "1"], ids=["b-pipeline-early", "b-stage0-early"])
+@pytest.mark.parametrize("early_b", ["", "1", "64"], ids=["b-default", "b-stage0-early", "b-pipeline-early"])
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_wk_configs_quantize_on_the_fly(monkeypatch, mode, early_b):
     """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
     A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
-    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). Both orders
-    of the producer's loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B)."""
+    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). The producer's
+    orders of loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B): the default, one stage of B
+    early, the whole pipeline early."""
     from nvfp4_gemm.quantize import finite_amax, global_encode_scale
 
     monkeypatch.setenv("NVFP4_GEMM_SM90_WK_EARLY_B", early_b)

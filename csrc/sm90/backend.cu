@@ -485,12 +485,15 @@ bool wk_tiled_experiment() {
 
 // K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 // Stages of B the K-sliced kernel loads before its grid dependency wait where the kernel ahead is the call's own
-// quantization of A: all of its pipeline. Experiments only: NVFP4_GEMM_SM90_WK_EARLY_B=n (read per call) loads
-// n, the rest after the first stage has landed (the weight-only order, with stage 0 ahead of the wait).
+// quantization of A: the first two, the rest of the pipeline after the first stage has landed (the weight-only
+// order). Measured (bench_model 8B, H100, RESULTS.md tenth session): static 0.45 / 0.52 at M = 1 / 16 with two,
+// 0.46 / 0.52 with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
+// NVFP4_GEMM_SM90_WK_EARLY_B=n (read per call) sets n for tests and A/B runs.
 int wk_early_b_stages() {
+  constexpr int kDefault = 2;
   const char* env = std::getenv("NVFP4_GEMM_SM90_WK_EARLY_B");
   const int n = env && *env ? std::atoi(env) : 0;
-  return n > 0 ? n : 1 << 20;
+  return n > 0 ? n : kDefault;
 }
 
 struct WkPlan {
