@@ -85,9 +85,9 @@ def test_linear_equals_composed_ops(backend, mode, dtype, bias):
 @pytest.mark.parametrize("dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
 @pytest.mark.parametrize("m", [1, 10])
 def test_linear_equals_composed_ops_at_decode_shapes(backend, mode, dtype, m):
-    """M <= 16 with K % 256 == 0: on Hopper mm takes the K-sliced kernel there for NVFP4 and 16-bit A, and
-    linear's W4A4 quantizes first (csrc/sm90/backend.cu, select). Still quantize + mm bit for bit, within
-    SPEC.md's bound, with several K splits (K = 1024 on 264 rows)."""
+    """M <= 16 with K % 256 == 0: on Hopper the K-sliced kernel takes NVFP4, 16-bit and float A quantized on the
+    fly there; linear's W4A4 quantizes x into the call's workspace first (csrc/sm90/backend.cu, run_wk). Still
+    quantize + mm bit for bit, within SPEC.md's bound, with several K splits (K = 1024 on 264 rows)."""
     name, device = backend
     if mode == "weight_only" and dtype == F32 and name in ("sm90", "sm100"):
         pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")

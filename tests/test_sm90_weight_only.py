@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import nvfp4_gemm
-from nvfp4_gemm.testing import Reference, run_after_slow_producer
+from nvfp4_gemm.testing import Reference, poison_cuda_allocator, run_after_slow_producer
 from conftest import backend_skip_reason
 
 _reason = backend_skip_reason("sm90")
@@ -191,9 +191,10 @@ def test_dispatch_takes_16_bit_activations():
 @pytest.mark.parametrize("x_dtype", [F16, BF16, F32], ids=["f16", "bf16", "f32"])
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_linear_quantizes_in_the_gemm(x_dtype, mode):
-    """nvfp4_gemm.linear in W4A4 modes hands x to the sm90 kernels, which quantize it while staging A (small-M
-    kernel, M <= 32) or in their prepass (wgmma configs): the result must be bit for bit quantize() + mm()
-    with the same scales, over both kernels, K % 64 == 32, every split count, NaN / inf / zero rows in x."""
+    """nvfp4_gemm.linear in W4A4 modes hands x to the sm90 kernels, which quantize it in a kernel of the call
+    ahead of the GEMM (K-sliced kernel, M <= 16 with K % 256 == 0), while staging A (small-M kernel, M <= 32) or
+    in their prepass (wgmma configs): the result must be bit for bit quantize() + mm() with the same scales, over
+    every kernel, K % 64 == 32, every split count, NaN / inf / zero rows in x."""
     from nvfp4_gemm.quantize import finite_amax, global_encode_scale
 
     rng = random.Random(zlib.crc32(f"{x_dtype}-{mode}".encode()))
@@ -227,9 +228,82 @@ def test_linear_quantizes_in_the_gemm(x_dtype, mode):
                 torch.ops.nvfp4_gemm._sm90_force_splits(old)
 
 
-def test_linear_runs_the_expected_gemm():
-    """NVFP4_GEMM_PRINT_CONFIGS names what runs: at M <= 16 (K % 256 == 0) linear quantizes x and the K-sliced
-    kernel reads the packed activations; at M = 100 one fused GEMM quantizes them itself."""
+@pytest.mark.parametrize("early_b", ["", "1", "64"], ids=["b-default", "b-stage0-early", "b-pipeline-early"])
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_wk_configs_quantize_on_the_fly(monkeypatch, mode, early_b):
+    """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
+    A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
+    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). The producer's
+    orders of loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B): the default, one stage of B
+    early, the whole pipeline early."""
+    from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+
+    monkeypatch.setenv("NVFP4_GEMM_SM90_WK_EARLY_B", early_b)
+    wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
+    assert wk
+    for i, name in enumerate(wk):
+        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        for j, (m, n, k) in enumerate(((1, 136, 256), (13, 200, 2048), (40, 136, 512), (16, 264, 1536))):
+            g = torch.Generator(device="cuda").manual_seed(10 * i + j)
+            x_dtype = (F16, BF16, F32)[(i + j) % 3]
+            wide = (torch.randn(m, k + 64, device="cuda", generator=g) * 3).to(x_dtype)
+            x = wide[:, :k] if j % 2 else wide[:, :k].contiguous()
+            w = torch.randn(n, k, device="cuda", generator=g)
+            ws2 = (w.abs().amax() / 2688.0).reshape(1)
+            wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+            input_scale = (finite_amax(x) / 2688.0 * 0.7).reshape(1)
+            poison_cuda_allocator(m * n * 4 + m * k, torch.device("cuda"))
+            y = nvfp4_gemm.linear(x, wq, wsf, ws2, input_scale if mode == "static" else None)
+            encode = torch.reciprocal(input_scale) if mode == "static" else global_encode_scale(finite_amax(x))
+            packed, sf = nvfp4_gemm.quantize(x, encode)
+            ref = nvfp4_gemm.mm(packed, wq, sf, wsf, torch.reciprocal(encode) * ws2 if mode == "dynamic"
+                                else input_scale * ws2, x_dtype)
+            assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (name, m, n, k, x_dtype)
+
+
+_DYNAMIC_CHECK = """
+import sys, torch, nvfp4_gemm
+def check(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for x_dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for m, n, k in ((1, 264, 4096), (16, 136, 1024), (9, 200, 14336)):
+            w = torch.randn(n, k, device="cuda", generator=g)
+            ws2 = (w.abs().amax() / 2688.0).reshape(1)
+            wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+            base = torch.randn(m, k, device="cuda", generator=g)
+            # Each launch must start from zeroed reduction words: a large amax, then small ones, then none finite.
+            xs = [base * 1000, base * 1e-3, torch.zeros_like(base), base.clone()]
+            xs[3][0, 3] = float("nan")
+            xs[3][-1, 7] = float("inf")
+            xs.append(torch.full_like(base, float("nan")))
+            for i, x in enumerate(x.to(x_dtype) for x in xs):
+                y = nvfp4_gemm.linear(x, wq, wsf, ws2)
+                scales = torch.ops.nvfp4_gemm._input_scales(x, ws2, None)
+                packed, sf = nvfp4_gemm.quantize(x, scales[0:1])
+                ref = nvfp4_gemm.mm(packed, wq, sf, wsf, scales[2:3], x_dtype)
+                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (x_dtype, m, n, k, i)
+check(int(sys.argv[1]))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("slots", ["1", "0"], ids=["counter-slot", "workspace-words"])
+def test_dynamic_scales_formed_in_the_gemm(slots):
+    """Dynamic W4A4 at M <= 16 (K % 256 == 0): the K-sliced call forms the input scales itself (a grid-wide max
+    over x's finite values, then recipe.h's scales) with no input-scales launch; bit for bit the input-scales
+    op, quantize and mm, for every x dtype, a launch after a larger amax (the reduction words start from zero
+    each time), all zeros, NaN / inf elements and nothing finite; on the stream's counter slot and, with the
+    slots off, on workspace words zeroed ahead."""
+    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS=slots, NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHECK, "5"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_linear_runs_one_fused_gemm():
+    """NVFP4_GEMM_PRINT_CONFIGS names what runs: one GEMM call that quantizes x itself, the K-sliced kernel at
+    M = 4 (K % 256 == 0), a wgmma config at M = 100."""
     code = ("import torch, nvfp4_gemm\n"
             "w = torch.randn(256, 1024, device='cuda')\n"
             "ws2 = (w.abs().amax() / 2688.0).reshape(1)\n"
@@ -247,8 +321,9 @@ def test_linear_runs_the_expected_gemm():
     sm90 = [ln for ln in lines if ln.startswith("[nvfp4_gemm] sm90:")]
     small = [ln for ln in sm90 if " m=4 " in ln]
     large = [ln for ln in sm90 if " m=100 " in ln]
-    assert small and all("_wk_" in ln and "quantizing" not in ln for ln in small), lines
-    assert large and all("quantizing a=bf16" in ln for ln in large), lines
+    assert small and all("_wk_" in ln and "quantizing a=bf16" in ln for ln in small), lines
+    assert large and all("_wk_" not in ln and "quantizing a=bf16" in ln for ln in large), lines
+    assert not any("quantizing" not in ln for ln in sm90), lines  # no separate mm of a packed x
 
 
 @pytest.mark.parametrize("m, splits, n", [(1, 1, 2048), (1, 0, 2048), (16, 1, 2048), (16, 0, 2048), (16, 0, 8192)],

@@ -44,6 +44,19 @@ def check_fused_linear(m, n, k, tag, x_dtype):
     assert torch.equal(y, nvfp4_gemm.mm(packed, wq, sf, wsf, scale * ws2, x_dtype)), (m, n, k, tag, x_dtype)
 
 
+def check_dynamic_linear(m, n, k, tag, x_dtype):
+    """nvfp4_gemm.linear, dynamic W4A4 (at M <= 16, K % 256 == 0 the K-sliced call forms the input scales)."""
+    g = torch.Generator(device="cuda").manual_seed(m + 7)
+    x = torch.randn(m, k, device="cuda", generator=g).to(x_dtype)
+    w = torch.randn(n, k, device="cuda", generator=g)
+    ws2 = (w.abs().amax() / 2688.0).reshape(1)
+    wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+    y = nvfp4_gemm.linear(x, wq, wsf, ws2)
+    scales = torch.ops.nvfp4_gemm._input_scales(x, ws2, None)
+    packed, sf = nvfp4_gemm.quantize(x, scales[0:1])
+    assert torch.equal(y, nvfp4_gemm.mm(packed, wq, sf, wsf, scales[2:3], x_dtype)), (m, n, k, tag, x_dtype)
+
+
 # (12, 264, 1536): weight-only at M 9..16 with K % 256 == 0 takes the K-sliced kernel unsplit (1 split forced).
 shapes = [(1, 136, 96), (9, 264, 544), (12, 264, 1536), (20, 136, 288), (33, 128, 1056), (100, 200, 2080),
           (130, 392, 160), (300, 136, 544)]
@@ -65,8 +78,8 @@ for cfg in forced:
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
         check_weight_only(m, n, k, cfg, torch.bfloat16)
-# The K-sliced configs: NVFP4 and weight-only A, K % 256 == 0 (M = 40 runs as several launches; M = 136 reads
-# A's second 128-row block of scales).
+# The K-sliced configs: NVFP4, weight-only and quantized-on-the-fly A, K % 256 == 0 (M = 40 runs as several
+# launches, each quantizing its rows into the same workspace; M = 136 reads A's second 128-row block of scales).
 wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
 for cfg in wk:
     os.environ["NVFP4_GEMM_CONFIG"] = cfg
@@ -74,8 +87,13 @@ for cfg in wk:
         check(m, n, k, cfg)
         for dt in (torch.float16, torch.bfloat16):
             check_weight_only(m, n, k, cfg, dt)
+        for dt in (torch.float16, torch.bfloat16, torch.float32):
+            check_fused_linear(m, n, k, cfg, dt)
     check(136, 264, 256, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)
+for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048)]:
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        check_dynamic_linear(m, n, k, "auto", dt)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 10 * len(wk), "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 9, "configs:", nvfp4_gemm.configs()["sm90"])

@@ -61,9 +61,20 @@ struct Problem {
   bool a_scale_is_decode = false;
   // A second factor of alpha, nullptr for none: the GEMM scales by fl(*alpha * *alpha2) (alpha must be set).
   const float* alpha2 = nullptr;
+  // Dynamic quantization on the fly (a_type a float type, a_dynamic_ws2 set, a_scale nullptr): the backend
+  // forms the per-tensor scales itself, exactly as nvfp4_gemm's input-scales kernel does (the finite amax of
+  // A, then recipe.h's dynamic_input_scales(amax, *a_dynamic_ws2)), writes {encode, decode, alpha} to
+  // a_dynamic_out (quant::InputScale order), quantizes A with that encode scale and scales the product by
+  // that alpha (alpha = a_dynamic_out + 2, alpha2 nullptr): the numbers of the input-scales kernel, quantize
+  // and mm. Only a backend whose can_run says so takes it (sm90's K-sliced configs).
+  const float* a_dynamic_ws2 = nullptr;
+  float* a_dynamic_out = nullptr;
 };
 
-inline bool quantizes_a(const Problem& p) { return p.a_scale != nullptr && p.a_type != AType::kE2m1; }
+inline bool dynamic_a(const Problem& p) { return p.a_dynamic_ws2 != nullptr && p.a_type != AType::kE2m1; }
+inline bool quantizes_a(const Problem& p) {
+  return (p.a_scale != nullptr || p.a_dynamic_ws2 != nullptr) && p.a_type != AType::kE2m1;
+}
 
 struct DeviceInfo {
   int32_t sm;              // major * 10 + minor, e.g. 90, 100, 103
@@ -74,7 +85,8 @@ struct DeviceInfo {
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
 // v4: Problem::a_type (the weight-only form reaches the arch modules; each can_run refuses what it lacks).
-inline constexpr int32_t kBackendAbiVersion = 4;
+// v5: Problem::a_dynamic_ws2 / a_dynamic_out (dynamic quantization on the fly).
+inline constexpr int32_t kBackendAbiVersion = 5;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion

@@ -28,6 +28,7 @@
 #include <mutex>
 
 #include "common/stream_slots.h"
+#include "quant/pdl.cuh"
 #include "quant/recipe.h"
 
 namespace nvfp4_gemm::quant {
@@ -40,7 +41,6 @@ constexpr int64_t kTileChunks = int64_t{kThreads} * kUnroll;
 // HBM busy (estimate, Little's law: 3.35 TB/s x ~0.6 us latency / 132 SMs); not measured yet.
 constexpr int kBlocksPerSm = 4;
 constexpr int kSlots = 4096;
-constexpr int kMaxDevices = 64;
 
 __device__ uint32_t g_reduction_slots[kSlots][2];  // [running max as fp32 bits, blocks arrived]
 
@@ -91,18 +91,6 @@ __device__ void write_scales(const InputScales& s, float* __restrict__ out) {
   out[kEncode] = s.encode;
   out[kDecode] = s.decode;
   out[kAlpha] = s.alpha;
-}
-
-// Programmatic dependent launch (where this code is compiled for SM 9.0 or newer: launch_dynamic sets the
-// attribute only then, see waits_for_predecessor): the kernel may start while the one ahead of it on the
-// stream is finishing. It waits for that kernel before it reads x or touches its slot, then at once lets
-// the next kernel (the GEMM, which waits for this grid before it reads the scales) launch and prefetch its
-// weights.
-__device__ __forceinline__ void wait_for_predecessor_then_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 // x is `rows` rows of `row_chunks` 16-byte chunks, `ld_bytes` apart; a work item is one tile of
@@ -156,23 +144,6 @@ StreamSlots& slot_table() {
   return *table;
 }
 
-// A value of the current device, read once per device by `read` (int* -> cudaError_t) and cached (`cache`
-// holds value + 1; 0: not read yet).
-template <typename Read>
-cudaError_t cached_per_device(std::atomic<int>* cache, int* out, Read read) {
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev >= 0 && dev < kMaxDevices) {
-    if (const int v = cache[dev].load(std::memory_order_relaxed)) {
-      *out = v - 1;
-      return cudaSuccess;
-    }
-  }
-  if (const cudaError_t e = read(dev, out); e != cudaSuccess) return e;
-  if (dev >= 0 && dev < kMaxDevices) cache[dev].store(*out + 1, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
 cudaError_t sm_count(int* out) {
   static std::atomic<int> cached[kMaxDevices] = {};
   return cached_per_device(cached, out, [](int dev, int* v) {
@@ -180,19 +151,11 @@ cudaError_t sm_count(int* out) {
   });
 }
 
-// 1 if the dynamic kernel that runs on this device holds griddepcontrol.wait, i.e. was compiled from PTX for
-// SM 9.0 or newer (ptxVersion: the virtual architecture, as CUB reads it); only then may it be launched as a
-// programmatic dependent. A build without such a target JIT-compiles older PTX on a newer GPU: that code has
-// no wait, and launched early it would read x before the kernel ahead finished writing it.
+// 1 if the dynamic kernel as it runs on this device may be a programmatic dependent (quant/pdl.cuh).
 template <InDtype D>
 cudaError_t waits_for_predecessor(int* out) {
   static std::atomic<int> cached[kMaxDevices] = {};
-  return cached_per_device(cached, out, [](int, int* v) {
-    cudaFuncAttributes a{};
-    const cudaError_t e = cudaFuncGetAttributes(&a, dynamic_scales_kernel<D>);
-    *v = e == cudaSuccess && a.ptxVersion >= 90 ? 1 : 0;
-    return e;
-  });
+  return kernel_waits_for_predecessor(dynamic_scales_kernel<D>, cached, out);
 }
 
 bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
@@ -220,17 +183,8 @@ cudaError_t launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x,
   const int64_t tiles_per_row = (row_chunks + kTileChunks - 1) / kTileChunks;
   const int64_t work = rows * tiles_per_row;
   const int64_t blocks = work < 1 ? 1 : work < blocks_cap ? work : blocks_cap;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  if (pdl != 0) {  // see wait_for_predecessor_then_release
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, pdl != 0, attr);
   cudaLaunchKernelEx(&cfg, dynamic_scales_kernel<D>, static_cast<const uint8_t*>(x), ld_x * esize, row_chunks,
                      tiles_per_row > 0 ? tiles_per_row : int64_t{1}, work, ws2, out, slot);
   return cudaSuccess;

@@ -9,14 +9,21 @@
 // budget near 35 at 80% of H100 copy bandwidth: the per-block work (e4m3 rounding, the divide, the
 // blocked offset) was done 2-4 times. Threads of the padded scale rows / columns write the zero padding.
 // Each thread handles kItems blocks half a grid apart, issuing all loads before any math.
+//
+// A programmatic dependent launch where the code allows it (quant/pdl.cuh): the kernel waits for the kernel
+// ahead before it reads the scales or x, then lets the GEMM that follows launch and prefetch its weights while
+// it quantizes. At decode sizes (one to 16 rows) the kernel is mostly launch latency, and linear runs it
+// before every K-sliced W4A4 GEMM.
 #include "quant/quantize.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 
 #include "quant/elem.cuh"
+#include "quant/pdl.cuh"
 #include "quant/recipe.h"
 
 namespace nvfp4_gemm::quant {
@@ -36,6 +43,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
   static_assert(kLoads == 2 || kLoads == 4, "a 16-element block is 32 (16-bit) or 64 (fp32) bytes");
   const int64_t sf_cols = k / kSfVecSize;
   const Index blocks_per_row = static_cast<Index>(round_up(sf_cols, kSfAtomCols));
+  wait_for_predecessor_then_release();
   float gs = scale.encode != nullptr ? __ldg(scale.encode) : 1.0f;
   if (scale.decode != nullptr) {
     const float decode = __ldg(scale.decode);
@@ -81,6 +89,13 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
   }
 }
 
+// 1 if `kernel` as it runs on this device may be a programmatic dependent (quant/pdl.cuh); one cache per kernel.
+template <typename Kernel>
+cudaError_t waits_for_predecessor(Kernel* kernel, int* out) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return kernel_waits_for_predecessor(kernel, cached, out);
+}
+
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const GlobalScale& gs, uint8_t* packed,
             uint8_t* sf, cudaStream_t stream, char* err, size_t err_len) {
@@ -93,17 +108,19 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const GlobalSc
                   static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(blocks));
     return false;
   }
-  const dim3 grid(static_cast<unsigned>(blocks));
   const auto* src = static_cast<const uint8_t*>(x);
-  if (items <= 0xFFFFFFFFll) {
-    quantize_kernel<D, uint32_t><<<grid, kThreads, 0, stream>>>(src, ld_x * Elem<D>::kBytes, rows, k,
-                                                                 static_cast<uint32_t>(half_items), gs, packed, sf);
-  } else {
-    quantize_kernel<D, uint64_t><<<grid, kThreads, 0, stream>>>(src, ld_x * Elem<D>::kBytes, rows, k,
-                                                                 static_cast<uint64_t>(half_items), gs, packed, sf);
-  }
+  cudaLaunchAttribute attr[1];
+  const auto run = [&](auto kernel, auto half) {
+    int pdl = 0;
+    if (const cudaError_t e = waits_for_predecessor(kernel, &pdl); e != cudaSuccess) return e;
+    const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, pdl != 0, attr);
+    return cudaLaunchKernelEx(&cfg, kernel, src, ld_x * Elem<D>::kBytes, rows, k, half, gs, packed, sf);
+  };
+  cudaError_t e = items <= 0xFFFFFFFFll ? run(quantize_kernel<D, uint32_t>, static_cast<uint32_t>(half_items))
+                                        : run(quantize_kernel<D, uint64_t>, static_cast<uint64_t>(half_items));
   // Read once: cudaGetLastError also clears the error, so a second call would report "no error".
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t last = cudaGetLastError();
+  if (e == cudaSuccess) e = last;
   if (e != cudaSuccess) {
     std::snprintf(err, err_len, "quantize kernel launch failed for rows=%lld k=%lld: %s (was the generic module "
                   "compiled for this GPU? rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)",

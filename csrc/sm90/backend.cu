@@ -15,8 +15,10 @@
 #include <mutex>
 #include <string>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "common/stream_slots.h"
+#include "quant/input_scales.h"
 #include "sm90/backend.h"
 #include "sm90/configs.h"
 #include "sm90/sm90_gemm.cuh"
@@ -340,15 +342,8 @@ int split_counter_slot(int row_blocks, cudaStream_t stream) {
 }
 
 cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1);
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(dim3(1), dim3(256), 0, stream, /*pdl=*/true, attr);
   return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
@@ -489,9 +484,24 @@ bool wk_tiled_experiment() {
 }
 
 // K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
+// Stages of B the K-sliced kernel loads before its grid dependency wait where the kernel ahead is the call's own
+// quantization of A: the first two, the rest of the pipeline after the first stage has landed (the weight-only
+// order). Measured (bench_model 8B, H100, RESULTS.md tenth session): static 0.45 / 0.52 at M = 1 / 16 with two,
+// 0.46 / 0.52 with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
+// NVFP4_GEMM_SM90_WK_EARLY_B=n (read per call) sets n for tests and A/B runs.
+int wk_early_b_stages() {
+  constexpr int kDefault = 2;
+  const char* env = std::getenv("NVFP4_GEMM_SM90_WK_EARLY_B");
+  const int n = env && *env ? std::atoi(env) : 0;
+  return n > 0 ? n : kDefault;
+}
+
 struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
   int64_t partial_bytes = 0, counter_bytes = 0;
+  int64_t qa_bytes = 0, qsf_bytes = 0;  // float A quantized on the fly: its packed rows and its scale atoms
+  int64_t dyn_bytes = 0;  // dynamic scales: three zeroed words of grid-reduction state where no slot is free
+  int64_t bytes() const { return partial_bytes + counter_bytes + qa_bytes + qsf_bytes + dyn_bytes; }
 };
 
 WkPlan make_wk_plan(const Problem& p, int config, int sms) {
@@ -515,14 +525,131 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
     pl.partial_bytes = round_up(static_cast<int64_t>(pl.row_blocks) * splits * slot_bytes, 256);
     pl.counter_bytes = counters;
   }
+  if (quantizes_a(p)) {  // one launch's TOKENS rows at a time (run_wk)
+    pl.qa_bytes = round_up(int64_t{c.tokens} * (p.k / 2), 256);
+    pl.qsf_bytes = round_up(p.k / 64 * kSfAtomBytes, 256);
+  }
+  if (dynamic_a(p)) pl.dyn_bytes = 256;
   return pl;
+}
+
+// Float A quantized for the K-sliced kernel (linear's W4A4 at decode M): the launch's rows [0, m) into the
+// workspace as packed e2m1 ([m][k/2]) and one 128-row block of blocked scales (k/64 atoms), rows [m, tokens)
+// of it zero, by quant_a.cuh's quantize_group: bit for bit what nvfp4_gemm::quantize writes for those rows.
+// The GEMM then runs its NVFP4-A path on them, so linear gives exactly mm(quantize(x)). One thread per (row,
+// 16-element group), a row's groups on consecutive threads. A programmatic dependent: it waits for the kernel
+// ahead before it reads anything, then releases the GEMM at once, whose B loads overlap it
+// (WkParams::b_early).
+__global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m,
+                                                         int tokens, int k, const float* __restrict__ a_scale,
+                                                         bool is_decode, uint8_t* __restrict__ packed,
+                                                         uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (idx >= static_cast<int64_t>(tokens) * groups) return;
+  const int r = static_cast<int>(idx / groups), g = static_cast<int>(idx % groups);
+  uint8_t s8 = 0;
+  if (r < m) {
+    uint32_t w0, w1;
+    quantize_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), encode_scale_of(a_scale, is_decode),
+                   s8, w0, w1);
+    *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
+  }
+  sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
+}
+
+// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
+// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
+// Each CTA takes the max over its groups' finite |values| (fp32 bits compared as integers, as there), adds it
+// to the grid's running max (words[0]) and arrives (words[1]); every CTA then waits until all have arrived
+// (can_run keeps the grid within one CTA per SM, so all of it is resident), reads the max, quantizes and
+// leaves (words[2]); the last to leave zeroes the three words for the next launch on this stream. CTA 0
+// writes {encode, decode, alpha} to `out`, where the GEMM reads its alpha.
+__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  __shared__ uint32_t s_max;
+  __shared__ float s_encode;
+  if (threadIdx.x == 0) s_max = 0;
+  __syncthreads();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  const bool live = idx < static_cast<int64_t>(tokens) * groups;
+  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
+  const bool has = live && r < m;
+  uint32_t raw[16];
+  uint32_t finite_max = 0;
+  if (has) {
+    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
+      finite_max = max(finite_max, a < 0x7F800000u ? a : 0u);  // NaN and inf left out
+    }
+  }
+  finite_max = __reduce_max_sync(0xFFFFFFFFu, finite_max);
+  if ((threadIdx.x & 31) == 0) atomicMax(&s_max, finite_max);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* const words = split_counters(slot, ws_words);
+    atomicMax(&words[0], s_max);
+    __threadfence();  // the max before the arrival
+    atomicAdd(&words[1], 1u);
+    while (atomicAdd(&words[1], 0u) < gridDim.x) __nanosleep(32);
+    __threadfence();
+    const quant::InputScales sc = quant::dynamic_input_scales(__uint_as_float(atomicMax(&words[0], 0u)), __ldg(ws2));
+    s_encode = sc.encode;
+    if (blockIdx.x == 0) {
+      out[quant::kEncode] = sc.encode;
+      out[quant::kDecode] = sc.decode;
+      out[quant::kAlpha] = sc.alpha;
+    }
+    if (atomicAdd(&words[2], 1u) == gridDim.x - 1) {  // every CTA has read the max: zero for the next launch
+      words[0] = 0;
+      words[1] = 0;
+      words[2] = 0;
+    }
+  }
+  __syncthreads();
+  if (!live) return;
+  uint8_t s8 = 0;
+  if (has) {
+    uint32_t w0, w1;
+    quantize_loaded(xt, raw, s_encode, s8, w0, w1);
+    *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
+  }
+  sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
+}
+
+// CTAs of one A quantization launch (one thread per row and 16-element group of TOKENS rows).
+int64_t quant_a_wk_blocks(int tokens, int64_t k) { return ceil_div(int64_t{tokens} * (k / 16), 256); }
+
+// The launch's quantization of A ahead of the K-sliced kernel, with a static encode scale (Problem::a_scale)
+// or dynamic scales (`words`: slot >= 0, or three zeroed workspace words).
+cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens, uint8_t* packed, uint8_t* sf,
+                              int slot, uint32_t* ws_words, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(quant_a_wk_blocks(tokens, p.k))), dim3(256),
+                                               0, stream, /*pdl=*/true, attr);
+  const uint8_t* const x = p.a + r0 * p.lda;
+  if (dynamic_a(p))
+    return cudaLaunchKernelEx(&cfg, quant_a_wk_dynamic_kernel, x, p.lda, p.a_type, rows, tokens, static_cast<int>(p.k),
+                              p.a_dynamic_ws2, p.a_dynamic_out, slot, ws_words, packed, sf);
+  return cudaLaunchKernelEx(&cfg, quant_a_wk_kernel, x, p.lda, p.a_type, rows, tokens, static_cast<int>(p.k),
+                            p.a_scale, p.a_scale_is_decode, packed, sf);
 }
 
 bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
-  if (!split_workspace_ok(pl.partial_bytes, pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
+  if (!split_workspace_ok(pl.bytes() - pl.counter_bytes, pl.counter_bytes, workspace, ws_bytes, err,
+                          err_len))
+    return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -554,15 +681,27 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   wp.out_dtype = p->out_dtype;
   l.row_blocks = pl.row_blocks;
   l.stream = stream;
-  const bool a4 = p->a_type == AType::kE2m1;
+  // Float A quantized on the fly: each launch's rows are quantized into the workspace first, and the kernel
+  // reads them as NVFP4 A (its e2m1 instantiation).
+  const bool quant = quantizes_a(*p), a4 = quant || p->a_type == AType::kE2m1;
+  uint8_t* const qa = ws + pl.partial_bytes + pl.counter_bytes;
+  uint8_t* const qsf = qa + pl.qa_bytes;
+  uint32_t* const dyn_words = reinterpret_cast<uint32_t*>(qsf + pl.qsf_bytes);
+  // Dynamic scales: the grid reduction's words are a slot of this stream's (split_counters.cuh: this
+  // translation unit's copy, used only by quant_a_wk_dynamic_kernel), or workspace words zeroed ahead.
+  const int dyn_slot = dynamic_a(*p) ? split_counter_slot(3, stream) : -1;
+  wp.b_early = quant ? wk_early_b_stages() : 0;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
-  // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks.
+  // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks. (The quantization of the
+  // next launch's rows waits for this launch to finish before it overwrites the workspace.)
   for (int64_t r0 = 0; r0 < p->m; r0 += c.tokens) {
     const int64_t rows = std::min<int64_t>(c.tokens, p->m - r0);
+    const uint8_t* const a_rows = quant ? qa : p->a + r0 * p->lda;
+    const int64_t lda = quant ? p->k / 2 : p->lda;
     const bool ok_a =
-        a4 ? encode_2d(&wp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->a + r0 * p->lda, static_cast<uint64_t>(p->k / 2),
-                       static_cast<uint64_t>(rows), static_cast<uint64_t>(p->lda), kWkK / 2,
+        a4 ? encode_2d(&wp.tmap_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a_rows, static_cast<uint64_t>(p->k / 2),
+                       static_cast<uint64_t>(rows), static_cast<uint64_t>(lda), kWkK / 2,
                        static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)
            : encode_2d(&wp.tmap_a,
                        p->a_type == AType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -572,7 +711,26 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
       set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for A");
       return false;
     }
-    if (a4) {
+    if (quant) {
+      wp.sfa = qsf;
+      wp.a_row0 = 0;
+      if (dynamic_a(*p) && dyn_slot < 0) {
+        if (const cudaError_t z = consumed(launch_zero_counters(dyn_words, 3, stream)); z != cudaSuccess) {
+          if (err && err_len)
+            std::snprintf(err, err_len, "sm90 %s: launching the scale-reduction reset failed: %s", c.name,
+                          cudaGetErrorString(z));
+          return false;
+        }
+      }
+      if (const cudaError_t e = consumed(launch_quant_a_wk(*p, r0, static_cast<int>(rows), c.tokens, qa, qsf, dyn_slot,
+                                                           dyn_words, stream));
+          e != cudaSuccess) {
+        if (err && err_len)
+          std::snprintf(err, err_len, "sm90 %s: launching the quantization of A failed: %s", c.name,
+                        cudaGetErrorString(e));
+        return false;
+      }
+    } else if (a4) {
       wp.sfa = p->sfa + (r0 / 128) * (p->k / 64) * kSfAtomBytes;
       wp.a_row0 = static_cast<int>(r0 % 128);
     }
@@ -589,7 +747,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     wp.trace = trace_buffer_for_launch(pl.row_blocks * wp.splits, stream);
 #endif
-    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][static_cast<int>(p->a_type)](l));
+    if (const cudaError_t e = consumed(kWkLaunch[config - kNumWgmma - kNumSmallM][a4 ? 0 : static_cast<int>(p->a_type)](l));
         e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d x %d, %d bytes of shared memory): %s", c.name,
@@ -629,15 +787,28 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
+  if (dynamic_a(*p) && kConfigs[config].kind != Kind::kWarpK) {
+    if (why && why_len)
+      std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced configs do)",
+                    kConfigs[config].name);
+    return false;
+  }
   if (kConfigs[config].kind == Kind::kWarpK) {
-    const bool a4 = p->a_type == AType::kE2m1;
-    if (!is_a16(*p) && !a4) {
-      if (why && why_len)
-        std::snprintf(why, why_len, "%s takes NVFP4 a or float16 / bfloat16 a (not a quantized on the fly)",
-                      kConfigs[config].name);
-      return false;
+    // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
+    const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
+    if (dynamic_a(*p)) {  // one launch whose quantization grid meets at a grid-wide barrier (run_wk)
+      const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+      const int tokens = kConfigs[config].tokens;
+      if (p->m > tokens || quant_a_wk_blocks(tokens, p->k) > sms) {
+        if (why && why_len)
+          std::snprintf(why, why_len, "%s forms dynamic input scales for M <= %d and K <= %lld on this device; got "
+                        "M=%lld K=%lld", kConfigs[config].name, tokens,
+                        static_cast<long long>(int64_t{sms} * 256 * 16 / tokens), static_cast<long long>(p->m),
+                        static_cast<long long>(p->k));
+        return false;
+      }
     }
-    if (a4 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
+    if (p->a_type == AType::kE2m1 && (reinterpret_cast<uintptr_t>(p->a) % 16 != 0 || p->lda % 16 != 0 ||
                reinterpret_cast<uintptr_t>(p->sfa) % 16 != 0)) {
       if (why && why_len)
         std::snprintf(why, why_len, "%s takes NVFP4 a with 16-byte aligned rows and sfa (TMA and bulk copies); got "
@@ -749,14 +920,9 @@ int wk_pick(const Problem& p, const DeviceInfo* dev) {
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const DispatchRow& row = dispatch_row(p->m);
   const int config = config_index(row.config), fallback = config_index(row.fallback);
+  // Float A quantized on the fly (linear's W4A4) takes the K-sliced kernel wherever the packed form does, so
+  // linear(x) runs the kernel mm(quantize(x)) runs, on the same bits (run_wk).
   if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
-  // Float A quantized on the fly (linear's W4A4) where mm of the packed form takes the K-sliced kernel, which
-  // does not quantize: no kernel here, so linear quantizes first and calls mm. linear(x) stays mm(quantize(x))
-  // bit for bit because both then run the same kernel (configs.h, kWkPick).
-  if (quantizes_a(*p) && p->m >= 1 && p->m <= kWkMaxM && p->k % kWkK == 0) {
-    set_msg(why, why_len, "sm90: at M <= 16 and K % 256 == 0 the packed form runs on the K-sliced kernel; quantize first");
-    return -1;
-  }
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
@@ -771,8 +937,7 @@ size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) 
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
   }
   if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
-    const WkPlan pl = make_wk_plan(*p, config, sms);
-    return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
+    return static_cast<size_t>(make_wk_plan(*p, config, sms).bytes());
   }
   const Plan pl = make_plan(*p, config, sms);
   return static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
@@ -1034,10 +1199,10 @@ const char* dispatch_rules() {
       if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
       if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
         t += std::string("; ") + kConfigs[config_index(kWkPick8)].name +
-             " for NVFP4 and 16-bit a (K % 256 == 0; float a quantized on the fly is quantized first)";
+             " for NVFP4, 16-bit and float a quantized on the fly (K % 256 == 0)";
       if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4 and 16-bit a at M 9.." +
-             std::to_string(kWkMaxM) + " (K % 256 == 0; float a quantized on the fly is quantized first)";
+        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4, 16-bit and float a quantized on the fly at M 9.." +
+             std::to_string(kWkMaxM) + " (K % 256 == 0)";
       if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
         t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
              " would run unsplit and it holds every row block in one wave";

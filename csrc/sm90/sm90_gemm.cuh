@@ -43,6 +43,7 @@
 
 #include <utility>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
@@ -214,10 +215,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 
   if (threadIdx.x == 0) {
     if (uint64_t* const trace = trace_of(p)) {
-      uint32_t smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
       trace_at(trace, cta, 0, global_ns());
-      trace_at(trace, cta, 10, smid);
+      trace_at(trace, cta, 10, sm_id());
     }
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
@@ -498,16 +497,8 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
   // so barrier setup, descriptor prefetch and the first B loads overlap it.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(args.params.grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = args.stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
   return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, args.params);
 }
 

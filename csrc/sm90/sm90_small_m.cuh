@@ -66,6 +66,7 @@
 
 #include <type_traits>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
@@ -589,16 +590,9 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmallMMaxSmem); });
   if (attr != cudaSuccess) return attr;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
-  cfg.blockDim = dim3(kSmallThreads);
-  cfg.dynamicSmemBytes = l.smem;
-  cfg.stream = l.stream;
   cudaLaunchAttribute attrs[2];  // programmatic dependent launch: see the note at the top
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  cudaLaunchConfig_t cfg = launch_config(dim3(l.row_blocks, l.params.splits), dim3(kSmallThreads), l.smem, l.stream,
+                                         /*pdl=*/true, attrs);
   if (l.params.cluster) {  // a row block's splits form one cluster
     attrs[1].id = cudaLaunchAttributeClusterDimension;
     attrs[1].val.clusterDim.x = 1;

@@ -48,7 +48,10 @@
 // stage's B and scales. A prefetch reads nothing into the CTA, so it is right even where the kernel ahead wrote
 // B (quantize, then mm at once on the same stream: that kernel's writes are visible only after the wait). Every
 // load into shared memory, and so every write to C, the workspace and the counters, comes after the wait, and
-// the consumers wait before they touch global memory.
+// the consumers wait before they touch global memory. One exception, b_early: where the kernel ahead is
+// this call's own quantization of float A (backend.cu, quant_a_wk_kernel), which writes only the workspace and
+// starts only once the kernel before it has finished (its own wait comes first), B cannot be the kernel
+// ahead's output, and its stages load into shared memory while A is being quantized.
 #pragma once
 
 #include <cuda.h>
@@ -63,6 +66,7 @@
 
 #include <type_traits>
 
+#include "common/pdl.h"
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
@@ -110,6 +114,9 @@ struct WkParams {
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
   bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
+  int b_early;          // > 0 only where the grid this one depends on writes neither B nor its scales (this
+                        // call's own quantization of A, backend.cu): the first b_early stages of B load before
+                        // griddepcontrol.wait
   float out_mult;       // 2^7
   OutDtype out_dtype;
   uint64_t* trace;      // diagnostics builds: nullptr, or the timeline below
@@ -231,20 +238,33 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
             cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + q * kABox, kb * kWkK + q * 64, 0);
         }
       };
-      // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
       const int pre = min(STAGES, nkb);
-      if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
-        cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
-      else
-        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
-      prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
-      cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
-      trace_at(wk_trace(p), cta, 1, global_ns());
-      load_b(kb0, 0);
-      load_a(kb0, 0);
-      if (pre > 1) {
-        Barrier::wait(&full_bar[0], 0);
-        for (int x = 1; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+      if (const int early = min(p.b_early, pre); early > 0) {
+        // The kernel ahead quantizes this call's A and writes nothing B is made of: B's first stages load while
+        // it runs, A's once it is done, then the rest of the pipeline once the first stage has landed.
+        for (int x = 0; x < early; ++x) load_b(kb0 + x, x);
+        cudaGridDependencySynchronize();
+        trace_at(wk_trace(p), cta, 1, global_ns());
+        for (int x = 0; x < early; ++x) load_a(kb0 + x, x);
+        if (early < pre) {
+          Barrier::wait(&full_bar[0], 0);
+          for (int x = early; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+        }
+      } else {
+        // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
+        if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
+          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
+        else
+          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
+        prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
+        cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
+        trace_at(wk_trace(p), cta, 1, global_ns());
+        load_b(kb0, 0);
+        load_a(kb0, 0);
+        if (pre > 1) {
+          Barrier::wait(&full_bar[0], 0);
+          for (int x = 1; x < pre; ++x) load_b(kb0 + x, x), load_a(kb0 + x, x);
+        }
       }
       int s = pre % STAGES, phase = pre == STAGES ? 1 : 0;
       for (int i = pre; i < nkb; ++i) {
@@ -425,16 +445,9 @@ cudaError_t launch_wk(const WkLaunch& l) {
   const cudaError_t attr = smem_limit.run(
       [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); });
   if (attr != cudaSuccess) return attr;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(l.row_blocks, l.params.splits);
-  cfg.blockDim = dim3(kWkThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = l.stream;
   cudaLaunchAttribute attrs[1];  // programmatic dependent launch: see the note at the top
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg =
+      launch_config(dim3(l.row_blocks, l.params.splits), dim3(kWkThreads), smem, l.stream, /*pdl=*/true, attrs);
   return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 

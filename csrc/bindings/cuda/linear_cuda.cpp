@@ -1,13 +1,14 @@
 // CUDA implementation of nvfp4_gemm::linear and nvfp4_gemm::_input_scales. Launches per forward, besides
 // the GEMM's own:
 //   * dynamic W4A4: 1, the input scales kernel (csrc/quant/input_scales.cu: finite amax, then encode /
-//     decode / alpha into a small device buffer);
+//     decode / alpha into a small device buffer); none where the GEMM call forms them itself (mm_dynamic_a_cuda:
+//     sm90's K-sliced path at M <= 16);
 //   * static W4A4: none;
 //   * weight-only: none;
 //   * a bias: 1 more (finish_linear).
-// The GEMM quantizes x itself where an arch kernel can (mm_quantized_a_cuda: sm90). Elsewhere (sm100, the
-// generic path, M >= 2048 on sm90, and M <= 16 with K % 256 == 0 on sm90, where mm runs the packed form on the
-// K-sliced kernel, which does not quantize) quantize runs first (csrc/quant/quantize.cu, called directly, not through
+// The GEMM quantizes x itself where an arch kernel can (mm_quantized_a_cuda: sm90, whose K-sliced path at
+// M <= 16 runs its own quantization kernel ahead of the GEMM inside the one call). Elsewhere (sm100, the
+// generic path, M >= 2048 on sm90) quantize runs first (csrc/quant/quantize.cu, called directly, not through
 // the dispatcher): one more launch, reading the buffer's encode scale (dynamic) or forming it from
 // input_scale and writing alpha (static); mm then reads alpha from the buffer. No host sync anywhere.
 #include <ATen/ATen.h>
@@ -96,6 +97,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::
   }
   at::Tensor scales = at::empty({quant::kNumInputScales}, x.options().dtype(at::kFloat));
   if (rows && !input_scale.has_value()) {
+    // Where an arch kernel also forms the input scales itself (sm90's K-sliced path at decode M), one call.
+    if (std::optional<at::Tensor> fused = mm_dynamic_a_cuda(x2, weight, weight_scale, weight_scale_2, scales, mm_dtype))
+      return finish_linear(std::move(*fused), bias, s);
     launch_input_scales(x2, weight_scale_2, input_scale, scales, stream);
     if (std::optional<at::Tensor> fused = mm_quantized_a_cuda(
             x2, weight, weight_scale, scales.narrow(0, quant::kEncode, 1), /*a_scale_is_decode=*/false,

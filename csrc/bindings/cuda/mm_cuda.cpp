@@ -23,6 +23,7 @@
 #include "bindings/checks.h"
 #include "bindings/cuda/mm_cuda.h"
 #include "bindings/registry.h"
+#include "quant/input_scales.h"
 #include "cuda/generic.h"
 
 namespace nvfp4_gemm {
@@ -412,19 +413,23 @@ Choice choose_fused(const Problem& p, const DeviceInfo& dev) {
 
 }  // namespace
 
-std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
-                                              const at::Tensor& a_scale, bool a_scale_is_decode,
-                                              const at::Tensor& alpha, const std::optional<at::Tensor>& alpha2,
-                                              at::ScalarType out_dtype) {
+namespace {
+
+// One float32 value on x's device, or a clear error naming it.
+void check_device_scalar(const at::Tensor& t, const char* name, const at::Tensor& x, int64_t numel = 1) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == numel && t.is_contiguous() && t.device() == x.device(),
+              "nvfp4_gemm: ", name, " must be ", numel == 1 ? std::string("one float32 value") :
+              std::to_string(numel) + " contiguous float32 values", " on x's device (", x.device(), "), got ",
+              t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
+}
+
+// x [M, K] quantized on the fly by an arch kernel: `set_scales` fills the Problem's quantization fields. The
+// result, or nullopt (nothing launched) when no arch kernel takes the problem on this device.
+template <typename SetScales>
+std::optional<at::Tensor> run_quantizing(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                         const at::Tensor& alpha, at::ScalarType out_dtype, SetScales set_scales) {
   // x, b, sfb, alpha and out_dtype under mm's own rules (x as the activations of the weight-only form).
   const MmShape s = check_mm_inputs(x, b, std::nullopt, sfb, alpha, out_dtype, nullptr, /*gpu_rules=*/true);
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&a_scale, "a_scale"},
-                         {alpha2.has_value() ? &*alpha2 : nullptr, "alpha2"}}) {
-    if (t == nullptr) continue;
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1 && t->device() == x.device(),
-                "nvfp4_gemm: ", name, " must be one float32 value on x's device (", x.device(), "), got ",
-                t->scalar_type(), " of shape ", t->sizes(), " on ", t->device());
-  }
   if (s.m == 0 || s.n == 0) return std::nullopt;
   const c10::cuda::CUDAGuard guard(x.device());
   const int device_index = x.get_device();
@@ -444,15 +449,39 @@ std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Ten
             x.scalar_type() == at::kHalf       ? AType::kFloat16
             : x.scalar_type() == at::kBFloat16 ? AType::kBFloat16
                                                : AType::kFloat32};
-  p.a_scale = a_scale.data_ptr<float>();
-  p.a_scale_is_decode = a_scale_is_decode;
-  p.alpha2 = alpha2.has_value() ? alpha2->data_ptr<float>() : nullptr;
+  set_scales(p);
   const Choice choice = choose_fused(p, dev);
   if (choice.api == nullptr || !verified(choice, p.out_dtype, s.out_dtype, device_index, dev, x.device()))
     return std::nullopt;
   maybe_print(choice, p, /*weight_only=*/false);
   run_arch(choice, s, p, x, dev);
   return c;
+}
+
+}  // namespace
+
+std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                              const at::Tensor& a_scale, bool a_scale_is_decode,
+                                              const at::Tensor& alpha, const std::optional<at::Tensor>& alpha2,
+                                              at::ScalarType out_dtype) {
+  check_device_scalar(a_scale, "a_scale", x);
+  if (alpha2.has_value()) check_device_scalar(*alpha2, "alpha2", x);
+  return run_quantizing(x, b, sfb, alpha, out_dtype, [&](Problem& p) {
+    p.a_scale = a_scale.data_ptr<float>();
+    p.a_scale_is_decode = a_scale_is_decode;
+    p.alpha2 = alpha2.has_value() ? alpha2->data_ptr<float>() : nullptr;
+  });
+}
+
+std::optional<at::Tensor> mm_dynamic_a_cuda(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                            const at::Tensor& weight_scale_2, const at::Tensor& scales,
+                                            at::ScalarType out_dtype) {
+  check_device_scalar(weight_scale_2, "weight_scale_2", x);
+  check_device_scalar(scales, "the input-scales buffer", x, quant::kNumInputScales);
+  return run_quantizing(x, b, sfb, scales.narrow(0, quant::kAlpha, 1), out_dtype, [&](Problem& p) {
+    p.a_dynamic_ws2 = weight_scale_2.data_ptr<float>();
+    p.a_dynamic_out = scales.data_ptr<float>();
+  });
 }
 
 }  // namespace nvfp4_gemm

@@ -17,4 +17,12 @@ std::optional<at::Tensor> mm_quantized_a_cuda(const at::Tensor& x, const at::Ten
                                               const at::Tensor& alpha, const std::optional<at::Tensor>& alpha2,
                                               at::ScalarType out_dtype);
 
+// The dynamic form of the above: the arch kernel forms the per-tensor input scales from x itself, exactly as
+// the input-scales kernel does (Problem::a_dynamic_ws2), writing {encode, decode, alpha} into `scales` (three
+// float32 values on x's device, quant::InputScale order) on its way: one call instead of the input-scales
+// launch + the fused GEMM, the same numbers. nullopt (nothing launched) where no arch kernel takes it.
+std::optional<at::Tensor> mm_dynamic_a_cuda(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                            const at::Tensor& weight_scale_2, const at::Tensor& scales,
+                                            at::ScalarType out_dtype);
+
 }  // namespace nvfp4_gemm
