@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -96,6 +97,18 @@ def diagnostics_build() -> bool:
 def diagnostics_flags() -> list[str]:
     """Compiler defines of a diagnostics build ([] otherwise), for host and device code alike."""
     return ["-DNVFP4_GEMM_DIAGNOSTICS=1"] if diagnostics_build() else []
+
+
+def experiment_defines() -> list[str]:
+    """NVFP4_GEMM_DEFINES="NVFP4_NAME=INT ..." at build time: compile-time switches of kernel experiments (each
+    named in the kernel source that reads it), for A/B builds on the GPU machine; never in a release build.
+    Anything else in the variable stops the build with what it expected."""
+    defines = []
+    for item in os.environ.get("NVFP4_GEMM_DEFINES", "").split():
+        if not re.fullmatch(r"NVFP4_[A-Z0-9_]+=-?[0-9]+", item):
+            raise SystemExit(f"NVFP4_GEMM_DEFINES: expected NVFP4_NAME=INTEGER items, got {item!r}")
+        defines.append("-D" + item)
+    return defines
 
 
 def requested_archs() -> list[str]:
@@ -217,7 +230,7 @@ def _cmake() -> None:
     inc, origin = cutlass_include_dirs()
     print(f'set(NVFP4_CUTLASS_INCLUDE_DIRS "{";".join(inc)}")')
     print(f'set(NVFP4_CUTLASS_ORIGIN "{origin}")')
-    print(f'set(NVFP4_COMMON_NVCC_FLAGS "{";".join(COMMON_NVCC_FLAGS + tuple(diagnostics_flags()))}")')
+    print(f'set(NVFP4_COMMON_NVCC_FLAGS "{";".join(COMMON_NVCC_FLAGS + tuple(diagnostics_flags() + experiment_defines()))}")')
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     lib_inc, lib_dirs = cuda_library_dirs(cuda_home, log=lambda _m: None)
     print(f'set(NVFP4_CUDA_LIBRARY_INCLUDE_DIRS "{";".join(lib_inc)}")')

@@ -9,6 +9,7 @@ Environment:
     NVFP4_GEMM_CPU_ONLY=1  build the CPU backend only, even with a CUDA build of torch
     NVFP4_GEMM_DIAGNOSTICS=1  a diagnostics build: kernel timeline traces compiled in (docs/SM90_NOTES.md);
                            slower, never for production
+    NVFP4_GEMM_DEFINES     "NVFP4_NAME=INT ...": compile-time switches of kernel experiments, for A/B builds
 Sources and flags come from build_manifest.py, which CMakeLists.txt reads too.
 """
 from __future__ import annotations
@@ -107,6 +108,8 @@ def extensions():
         log(f"CUDA {torch.version.cuda}, archs {';'.join(archs)} (NVFP4_GEMM_CUDA_ARCHS)")
     if bm.diagnostics_build():
         log("NVFP4_GEMM_DIAGNOSTICS=1: a diagnostics build (kernel traces compiled in; not for production)")
+    if bm.experiment_defines():
+        log(f"NVFP4_GEMM_DEFINES: an experiment build ({' '.join(bm.experiment_defines())}; not for production)")
     mods = bm.enabled_modules(archs, with_cuda)
     cutlass_inc, cutlass_origin = [], None
     if any(m.needs_cutlass for m, _ in mods):
@@ -120,7 +123,7 @@ def extensions():
         if not sources:
             continue
         includes = [os.path.join(ROOT, d) for d in bm.INCLUDE_DIRS] + (cutlass_inc if m.needs_cutlass else [])
-        defines = (["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []) + bm.diagnostics_flags()
+        defines = (["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []) + bm.diagnostics_flags() + bm.experiment_defines()
         cxx = list(bm.COMMON_CXX_FLAGS) + defines
         name = f"nvfp4_gemm.{m.name}"
         if with_cuda:
