@@ -563,37 +563,25 @@ __global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restri
   sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
 }
 
-// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
-// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
-// Each CTA takes the max over its groups' finite |values| (fp32 bits compared as integers, as there), adds it
-// to the grid's running max (words[0]) and arrives (words[1]); every CTA then waits until all have arrived
-// (can_run keeps the grid within one CTA per SM, so all of it is resident), reads the max, quantizes and
-// leaves (words[2]); the last to leave zeroes the three words for the next launch on this stream. CTA 0
-// writes {encode, decode, alpha} to `out`, where the GEMM reads its alpha.
-__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
-    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
-    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
-  cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
-  __shared__ uint32_t s_max;
-  __shared__ float s_encode;
-  if (threadIdx.x == 0) s_max = 0;
-  __syncthreads();
-  const int groups = k / 16;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  const bool live = idx < static_cast<int64_t>(tokens) * groups;
-  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
-  const bool has = live && r < m;
-  uint32_t raw[16];
-  uint32_t finite_max = 0;
-  if (has) {
-    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+// The max of a group's finite |values| as fp32 bits (NaN and inf left out), compared as integers, as the
+// input-scales kernel takes it.
+__device__ __forceinline__ uint32_t group_finite_max(AType xt, const uint32_t (&raw)[16]) {
+  uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
-      finite_max = max(finite_max, a < 0x7F800000u ? a : 0u);  // NaN and inf left out
-    }
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
+    m = max(m, a < 0x7F800000u ? a : 0u);
   }
+  return m;
+}
+
+// The dynamic encode scale of a grid whose CTAs are all resident, from each thread's `finite_max`: a CTA's
+// max joins the grid's running max (words[0]) and the CTA arrives (words[1]); every CTA waits until all have
+// arrived, reads the max and forms recipe.h's scales (dynamic_input_scales); CTA 0 writes {encode, decode,
+// alpha} to `out`; the last CTA to leave (words[2]) zeroes the three words for the next launch on the stream.
+// Every thread calls it; s_max (zero, synced) and s_encode are the CTA's shared words.
+__device__ float grid_dynamic_encode(uint32_t finite_max, uint32_t& s_max, float& s_encode, int slot,
+                                     uint32_t* ws_words, const float* __restrict__ ws2, float* __restrict__ out) {
   finite_max = __reduce_max_sync(0xFFFFFFFFu, finite_max);
   if ((threadIdx.x & 31) == 0) atomicMax(&s_max, finite_max);
   __syncthreads();
@@ -618,11 +606,40 @@ __global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
     }
   }
   __syncthreads();
+  return s_encode;
+}
+
+// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
+// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
+// Each CTA takes the max over its groups' finite |values| and the grid meets at grid_dynamic_encode's barrier
+// (can_run keeps the grid within one CTA per SM, so all of it is resident); CTA 0 writes {encode, decode,
+// alpha} to `out`, where the GEMM reads its alpha; then every CTA quantizes the values it loaded.
+__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  __shared__ uint32_t s_max;
+  __shared__ float s_encode;
+  if (threadIdx.x == 0) s_max = 0;
+  __syncthreads();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  const bool live = idx < static_cast<int64_t>(tokens) * groups;
+  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
+  const bool has = live && r < m;
+  uint32_t raw[16];
+  uint32_t finite_max = 0;
+  if (has) {
+    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+    finite_max = group_finite_max(xt, raw);
+  }
+  const float encode = grid_dynamic_encode(finite_max, s_max, s_encode, slot, ws_words, ws2, out);
   if (!live) return;
   uint8_t s8 = 0;
   if (has) {
     uint32_t w0, w1;
-    quantize_loaded(xt, raw, s_encode, s8, w0, w1);
+    quantize_loaded(xt, raw, encode, s8, w0, w1);
     *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
   }
   sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
@@ -1221,12 +1238,10 @@ __global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict_
 // Dynamic scales (Problem::a_dynamic_ws2) for the wgmma configs: the encode scale formed first from the
 // finite amax of all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h
 // dynamic_input_scales), then quant_a_kernel's work with it. A persistent grid of at most one CTA per SM
-// (run), so that all of it is resident: each CTA takes the max over its share of the groups' finite |values|
-// (fp32 bits compared as integers), adds it to the grid's running max (words[0]) and arrives (words[1]); every
-// CTA waits until all have arrived, reads the max, then quantizes its share again from memory (L2: A is read
-// twice) and leaves (words[2]); the last to leave zeroes the three words for the next launch on this stream.
-// CTA 0 writes {encode, decode, alpha} to `out`, where the GEMM reads its alpha (after its grid-dependency
-// wait: this grid has finished by then).
+// (run), so that all of it is resident: each CTA takes the max over its share of the groups' finite |values|,
+// the grid meets at grid_dynamic_encode's barrier (CTA 0 writes {encode, decode, alpha} to `out`, where the
+// GEMM reads its alpha after its grid-dependency wait), then each CTA quantizes its share again from memory (L2:
+// A is read twice).
 __global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
     const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows, int k, const float* __restrict__ ws2,
     float* __restrict__ out, int slot, uint32_t* ws_words, __half* __restrict__ a_dec, int kp, uint32_t* counters,
@@ -1255,37 +1270,9 @@ __global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
     if (kg >= k) continue;
     uint32_t raw[16];
     load_group(xt, x + static_cast<int64_t>(r) * ldx + static_cast<int64_t>(kg) * elem_bytes(xt), raw);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
-      finite_max = max(finite_max, a < 0x7F800000u ? a : 0u);  // NaN and inf left out
-    }
+    finite_max = max(finite_max, group_finite_max(xt, raw));
   }
-  finite_max = __reduce_max_sync(0xFFFFFFFFu, finite_max);
-  if ((threadIdx.x & 31) == 0) atomicMax(&s_max, finite_max);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* const words = split_counters(slot, ws_words);
-    atomicMax(&words[0], s_max);
-    __threadfence();  // the max before the arrival
-    atomicAdd(&words[1], 1u);
-    while (atomicAdd(&words[1], 0u) < gridDim.x) __nanosleep(32);
-    __threadfence();
-    const quant::InputScales sc = quant::dynamic_input_scales(__uint_as_float(atomicMax(&words[0], 0u)), __ldg(ws2));
-    s_encode = sc.encode;
-    if (blockIdx.x == 0) {
-      out[quant::kEncode] = sc.encode;
-      out[quant::kDecode] = sc.decode;
-      out[quant::kAlpha] = sc.alpha;
-    }
-    if (atomicAdd(&words[2], 1u) == gridDim.x - 1) {  // every CTA has read the max: zero for the next launch
-      words[0] = 0;
-      words[1] = 0;
-      words[2] = 0;
-    }
-  }
-  __syncthreads();
-  const float encode = s_encode;
+  const float encode = grid_dynamic_encode(finite_max, s_max, s_encode, slot, ws_words, ws2, out);
   const int64_t iters = (units + stride - 1) / stride;  // the same for every thread: each meets every __syncwarp
   for (int64_t it = 0; it < iters; ++it) {
     const int64_t u = first + it * stride;
