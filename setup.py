@@ -108,8 +108,9 @@ def extensions():
         log(f"CUDA {torch.version.cuda}, archs {';'.join(archs)} (NVFP4_GEMM_CUDA_ARCHS)")
     if bm.diagnostics_build():
         log("NVFP4_GEMM_DIAGNOSTICS=1: a diagnostics build (kernel traces compiled in; not for production)")
-    if bm.experiment_defines():
-        log(f"NVFP4_GEMM_DEFINES: an experiment build ({' '.join(bm.experiment_defines())}; not for production)")
+    experiment = bm.experiment_defines()
+    if experiment:
+        log(f"NVFP4_GEMM_DEFINES: an experiment build ({' '.join(experiment)}; not for production)")
     mods = bm.enabled_modules(archs, with_cuda)
     cutlass_inc, cutlass_origin = [], None
     if any(m.needs_cutlass for m, _ in mods):
@@ -123,7 +124,7 @@ def extensions():
         if not sources:
             continue
         includes = [os.path.join(ROOT, d) for d in bm.INCLUDE_DIRS] + (cutlass_inc if m.needs_cutlass else [])
-        defines = (["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []) + bm.diagnostics_flags() + bm.experiment_defines()
+        defines = (["-DNVFP4_GEMM_WITH_CUDA"] if with_cuda else []) + bm.diagnostics_flags() + experiment
         cxx = list(bm.COMMON_CXX_FLAGS) + defines
         name = f"nvfp4_gemm.{m.name}"
         if with_cuda:

@@ -38,11 +38,6 @@ def on_sm90() -> bool:
             and os.environ.get("NVFP4_GEMM_BACKEND", "auto") in ("", "auto", "sm90"))
 
 
-def gemm_quantizes_x(m: int, k: int) -> bool:
-    """Whether linear's W4A4 GEMM call quantizes x itself (no separate quantize launch): the sm90 kernels."""
-    return on_sm90()
-
-
 def quantizes_in_its_own_kernel(m: int, k: int) -> bool:
     """Whether that GEMM call quantizes x in a kernel ahead of the GEMM's, one launch more than mm of the packed
     form makes: sm90's K-sliced path (M <= 16, K % 256 == 0: csrc/sm90/backend.cu, run_wk). In dynamic mode that
@@ -57,7 +52,7 @@ def forms_scales_in_the_call(m: int, k: int) -> bool:
 
 
 def own_launches(mode: str, m: int, k: int) -> int:
-    if gemm_quantizes_x(m, k):
+    if on_sm90():  # linear's W4A4 GEMM call quantizes x itself: no separate quantize launch
         own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, k)
         return int(mode == "dynamic" and not forms_scales_in_the_call(m, k)) + int(own_kernel)
     return {"dynamic": 2, "static": 1, "weight_only": 0}[mode]
@@ -97,9 +92,9 @@ def test_launches_per_forward(mode, bias, m):
     print(f"\n{mode} bias={bias} M={m}: {len(got)} launches per forward = mm {len(mm_kernels)} + ours {own}: {got}")
     assert len(got) == len(mm_kernels) + own, (got, mm_kernels)
     own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, 256)
-    scales_launch = mode == "dynamic" and not (gemm_quantizes_x(m, 256) and forms_scales_in_the_call(m, 256))
+    scales_launch = mode == "dynamic" and not forms_scales_in_the_call(m, 256)
     assert sum("scales_kernel" in name for name in got) == scales_launch, got
-    separate_quantize = mode != "weight_only" and not gemm_quantizes_x(m, 256)
+    separate_quantize = mode != "weight_only" and not on_sm90()
     assert sum("quantize_kernel" in name for name in got) == separate_quantize, got
     assert sum("quant_a_wk_" in name for name in got) == own_kernel, got
     if on_sm90() and not bias:  # issue 12's budget

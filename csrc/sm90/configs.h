@@ -113,9 +113,9 @@ inline constexpr Pick kDeepSmallM{Kind::kSmallM, 16};
 
 // The K-sliced kernel (sm90_wk.cuh) takes NVFP4, 16-bit and float A quantized on the fly (linear's W4A4:
 // quantized into the workspace by the call, then run as NVFP4 A) at every M <= 16 with K % 256 == 0: 8 tokens
-// at M 1..8, 16 at M 9..16. W4A4 (bench_model 8B stack, H100, docs/NOTES.md v7): static / dynamic 0.53 / 0.56
-// of fp16 at M = 1 and 0.60 / 0.65 at M = 16 with quantize launched ahead, against 0.52 / 0.58 and 0.83 / 0.89
-// on the small-M kernels. For the weight-only form: since its producer fills the pipeline only after the first
+// at M 1..8, 16 at M 9..16. W4A4 (bench_model 8B stack, H100, docs/NOTES.md v8): static / dynamic 0.45 / 0.48
+// of fp16 at M = 1 and 0.52 / 0.57 at M = 16, against 0.52 / 0.58 and 0.83 / 0.89 on the small-M kernels
+// (seventh session). For the weight-only form: since its producer fills the pipeline only after the first
 // stage has landed (docs/NOTES.md v6; H100, weight-only fp16, graph per call, same run) it is ahead of the
 // small-M configs on every decode shape measured: (1, 6144, 4096) 10.4 us vs 12.7 for the register config, (16, 6144, 4096) 12.3
 // vs 15.6 and (16, 4096, 4096) 9.6 vs 10.9 for the ring config, (16, 1024, 4096) 6.7 vs 7.2.
