@@ -5,7 +5,8 @@ the GEMM's own launches (counted here by profiling mm alone on the same operands
 whatever the GEMM backend does):
   * where the GEMM quantizes x itself (the sm90 kernels on Hopper, except at M <= 16 with K % 256 == 0, where
     mm runs the packed form on the K-sliced kernel and linear quantizes first): dynamic 1, the input scales
-    kernel (finite amax + encode / decode / alpha in one launch); static none; weight-only none;
+    kernel (finite amax + encode / decode / alpha in one launch), except where the call forms the scales itself
+    (the K-sliced path and the wgmma configs at M > 32); static none; weight-only none;
   * elsewhere quantize runs first: dynamic 2 (scales + quantize), static 1 (quantize forms its encode scale
     from input_scale and writes alpha), weight-only none;
   * a bias: 1 more (one add that reads the bias in its dtype and rounds the fp32 sum to x's dtype).
@@ -44,11 +45,16 @@ def quantizes_in_its_own_kernel(m: int, k: int) -> bool:
     return on_sm90() and m <= 16 and k % 256 == 0
 
 
+def forms_scales_in_the_call(m: int, k: int) -> bool:
+    """Whether linear's dynamic W4A4 GEMM call forms the input scales itself, with no input-scales launch: sm90's
+    K-sliced path (its quantization kernel) and its wgmma configs at M > 32 (their A prepass)."""
+    return on_sm90() and ((m <= 16 and k % 256 == 0) or m > 32)
+
+
 def own_launches(mode: str, m: int, k: int) -> int:
     if on_sm90():  # linear's W4A4 GEMM call quantizes x itself: no separate quantize launch
         own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, k)
-        # That kernel also forms the dynamic input scales: no input-scales launch then.
-        return int(mode == "dynamic" and not own_kernel) + int(own_kernel)
+        return int(mode == "dynamic" and not forms_scales_in_the_call(m, k)) + int(own_kernel)
     return {"dynamic": 2, "static": 1, "weight_only": 0}[mode]
 
 
@@ -86,7 +92,8 @@ def test_launches_per_forward(mode, bias, m):
     print(f"\n{mode} bias={bias} M={m}: {len(got)} launches per forward = mm {len(mm_kernels)} + ours {own}: {got}")
     assert len(got) == len(mm_kernels) + own, (got, mm_kernels)
     own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, 256)
-    assert sum("scales_kernel" in name for name in got) == (mode == "dynamic" and not own_kernel), got
+    scales_launch = mode == "dynamic" and not forms_scales_in_the_call(m, 256)
+    assert sum("scales_kernel" in name for name in got) == scales_launch, got
     separate_quantize = mode != "weight_only" and not on_sm90()
     assert sum("quantize_kernel" in name for name in got) == separate_quantize, got
     assert sum("quant_a_wk_" in name for name in got) == own_kernel, got

@@ -266,7 +266,7 @@ import sys, torch, nvfp4_gemm
 def check(seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     for x_dtype in (torch.float16, torch.bfloat16, torch.float32):
-        for m, n, k in ((1, 264, 4096), (16, 136, 1024), (9, 200, 14336)):
+        for m, n, k in ((1, 264, 4096), (16, 136, 1024), (9, 200, 14336), (64, 200, 1056), (600, 264, 2080)):
             w = torch.randn(n, k, device="cuda", generator=g)
             ws2 = (w.abs().amax() / 2688.0).reshape(1)
             wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
@@ -289,11 +289,12 @@ print("ok")
 
 @pytest.mark.parametrize("slots", ["1", "0"], ids=["counter-slot", "workspace-words"])
 def test_dynamic_scales_formed_in_the_gemm(slots):
-    """Dynamic W4A4 at M <= 16 (K % 256 == 0): the K-sliced call forms the input scales itself (a grid-wide max
-    over x's finite values, then recipe.h's scales) with no input-scales launch; bit for bit the input-scales
-    op, quantize and mm, for every x dtype, a launch after a larger amax (the reduction words start from zero
-    each time), all zeros, NaN / inf elements and nothing finite; on the stream's counter slot and, with the
-    slots off, on workspace words zeroed ahead."""
+    """Dynamic W4A4 at M <= 16 (K % 256 == 0) and M > 32: the call forms the input scales itself (a grid-wide max
+    over x's finite values, then recipe.h's scales; the K-sliced call's quantization kernel, the wgmma configs'
+    A prepass, which at M = 600 loops over more groups than its one-CTA-per-SM grid holds) with no input-scales
+    launch; bit for bit the input-scales op, quantize and mm, for every x dtype, a launch after a larger amax
+    (the reduction words start from zero each time), all zeros, NaN / inf elements and nothing finite; on the
+    stream's counter slot and, with the slots off, on workspace words zeroed ahead."""
     env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS=slots, NVFP4_GEMM_BACKEND="sm90")
     env.pop("NVFP4_GEMM_CONFIG", None)
     out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHECK, "5"], env=env, capture_output=True, text=True,

@@ -45,7 +45,8 @@ def check_fused_linear(m, n, k, tag, x_dtype):
 
 
 def check_dynamic_linear(m, n, k, tag, x_dtype):
-    """nvfp4_gemm.linear, dynamic W4A4 (at M <= 16, K % 256 == 0 the K-sliced call forms the input scales)."""
+    """nvfp4_gemm.linear, dynamic W4A4 (at M <= 16, K % 256 == 0 the K-sliced call forms the input scales, above
+    M = 32 the wgmma configs' A prepass)."""
     g = torch.Generator(device="cuda").manual_seed(m + 7)
     x = torch.randn(m, k, device="cuda", generator=g).to(x_dtype)
     w = torch.randn(n, k, device="cuda", generator=g)
@@ -92,8 +93,8 @@ for cfg in wk:
     check(136, 264, 256, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._sm90_force_splits(0)
-for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048)]:
+for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048), (64, 200, 1056), (600, 136, 544)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 9, "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15, "configs:", nvfp4_gemm.configs()["sm90"])

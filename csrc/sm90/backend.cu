@@ -107,6 +107,8 @@ struct Plan {
   int64_t a_bytes = 0;       // A_dec bytes of one chunk, rounded to 256
   int64_t partial_bytes = 0;
   int64_t counter_bytes = 0;
+  int64_t dyn_bytes = 0;     // dynamic scales: three zeroed words of grid-reduction state where no slot is free
+  int64_t bytes() const { return a_bytes + partial_bytes + counter_bytes + dyn_bytes; }
 };
 
 // Tests and benchmarks: a forced split count (0: automatic). NVFP4_GEMM_SM90_SPLITS sets it once, at the
@@ -197,6 +199,7 @@ Plan make_plan(const Problem& p, int config, int sms) {
   pl.kt = kConfigs[config].kt;
   pl.ktiles = static_cast<int>(ceil_div(p.k, pl.kt));
   pl.a_bytes = round_up(pl.chunk_rows * row_bytes, 256);
+  if (dynamic_a(p)) pl.dyn_bytes = 256;
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
@@ -560,37 +563,25 @@ __global__ void __launch_bounds__(256) quant_a_wk_kernel(const uint8_t* __restri
   sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
 }
 
-// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
-// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
-// Each CTA takes the max over its groups' finite |values| (fp32 bits compared as integers, as there), adds it
-// to the grid's running max (words[0]) and arrives (words[1]); every CTA then waits until all have arrived
-// (can_run keeps the grid within one CTA per SM, so all of it is resident), reads the max, quantizes and
-// leaves (words[2]); the last to leave zeroes the three words for the next launch on this stream. CTA 0
-// writes {encode, decode, alpha} to `out`, where the GEMM reads its alpha.
-__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
-    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
-    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
-  cudaGridDependencySynchronize();
-  cudaTriggerProgrammaticLaunchCompletion();
-  __shared__ uint32_t s_max;
-  __shared__ float s_encode;
-  if (threadIdx.x == 0) s_max = 0;
-  __syncthreads();
-  const int groups = k / 16;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  const bool live = idx < static_cast<int64_t>(tokens) * groups;
-  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
-  const bool has = live && r < m;
-  uint32_t raw[16];
-  uint32_t finite_max = 0;
-  if (has) {
-    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+// The max of a group's finite |values| as fp32 bits (NaN and inf left out), compared as integers, as the
+// input-scales kernel takes it.
+__device__ __forceinline__ uint32_t group_finite_max(AType xt, const uint32_t (&raw)[16]) {
+  uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
-      finite_max = max(finite_max, a < 0x7F800000u ? a : 0u);  // NaN and inf left out
-    }
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t a = x_bits(xt, raw, i) & 0x7FFFFFFFu;
+    m = max(m, a < 0x7F800000u ? a : 0u);
   }
+  return m;
+}
+
+// The dynamic encode scale of a grid whose CTAs are all resident, from each thread's `finite_max`: a CTA's
+// max joins the grid's running max (words[0]) and the CTA arrives (words[1]); every CTA waits until all have
+// arrived, reads the max and forms recipe.h's scales (dynamic_input_scales); CTA 0 writes {encode, decode,
+// alpha} to `out`; the last CTA to leave (words[2]) zeroes the three words for the next launch on the stream.
+// Every thread calls it; s_max (zero, synced) and s_encode are the CTA's shared words.
+__device__ float grid_dynamic_encode(uint32_t finite_max, uint32_t& s_max, float& s_encode, int slot,
+                                     uint32_t* ws_words, const float* __restrict__ ws2, float* __restrict__ out) {
   finite_max = __reduce_max_sync(0xFFFFFFFFu, finite_max);
   if ((threadIdx.x & 31) == 0) atomicMax(&s_max, finite_max);
   __syncthreads();
@@ -615,11 +606,40 @@ __global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
     }
   }
   __syncthreads();
+  return s_encode;
+}
+
+// Dynamic scales (Problem::a_dynamic_ws2): the same, with the encode scale formed first from the finite amax of
+// all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h dynamic_input_scales).
+// Each CTA takes the max over its groups' finite |values| and the grid meets at grid_dynamic_encode's barrier
+// (can_run keeps the grid within one CTA per SM, so all of it is resident); CTA 0 writes {encode, decode,
+// alpha} to `out`, where the GEMM reads its alpha; then every CTA quantizes the values it loaded.
+__global__ void __launch_bounds__(256) quant_a_wk_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int m, int tokens, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf) {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+  __shared__ uint32_t s_max;
+  __shared__ float s_encode;
+  if (threadIdx.x == 0) s_max = 0;
+  __syncthreads();
+  const int groups = k / 16;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  const bool live = idx < static_cast<int64_t>(tokens) * groups;
+  const int r = live ? static_cast<int>(idx / groups) : 0, g = live ? static_cast<int>(idx % groups) : 0;
+  const bool has = live && r < m;
+  uint32_t raw[16];
+  uint32_t finite_max = 0;
+  if (has) {
+    load_group(xt, x + r * ldx + static_cast<int64_t>(g) * 16 * elem_bytes(xt), raw);
+    finite_max = group_finite_max(xt, raw);
+  }
+  const float encode = grid_dynamic_encode(finite_max, s_max, s_encode, slot, ws_words, ws2, out);
   if (!live) return;
   uint8_t s8 = 0;
   if (has) {
     uint32_t w0, w1;
-    quantize_loaded(xt, raw, s_encode, s8, w0, w1);
+    quantize_loaded(xt, raw, encode, s8, w0, w1);
     *reinterpret_cast<uint2*>(packed + static_cast<int64_t>(r) * (k / 2) + g * 8) = make_uint2(w0, w1);
   }
   sf[static_cast<int64_t>(g / 4) * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + g % 4] = s8;
@@ -787,9 +807,9 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
-  if (dynamic_a(*p) && kConfigs[config].kind != Kind::kWarpK) {
+  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) {
     if (why && why_len)
-      std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced configs do)",
+      std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced and wgmma configs do)",
                     kConfigs[config].name);
     return false;
   }
@@ -871,6 +891,13 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                     kConfigs[config].name, smem, static_cast<long long>(dev->smem_optin));
     return false;
   }
+  if (dynamic_a(*p) && chunk_rows_of(*p, config) < p->m) {
+    if (why && why_len)
+      std::snprintf(why, why_len, "%s forms dynamic input scales over all of A in one launch; M=%lld K=%lld needs "
+                    "more than the bounded decode workspace", kConfigs[config].name, static_cast<long long>(p->m),
+                    static_cast<long long>(p->k));
+    return false;
+  }
   if (round_up(p->k, 64) * 2 * kConfigs[config].tokens > kMaxADecBytes) {
     if (why && why_len)
       std::snprintf(why, why_len, "sm90: K = %lld too large for the bounded decode workspace",
@@ -926,6 +953,9 @@ int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_le
   if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
     return config_index(kDeepSmallM);
   if (can_run(p, config, dev, why, why_len)) return config;
+  // Dynamic scales where the row's config is a small-M one: packed A at this M runs that config, so linear
+  // forms the scales first and runs it too (mm(quantize(x)) bit for bit) rather than the wgmma fallback.
+  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) return -1;
   if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
   return -1;
 }
@@ -939,8 +969,7 @@ size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) 
   if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
     return static_cast<size_t>(make_wk_plan(*p, config, sms).bytes());
   }
-  const Plan pl = make_plan(*p, config, sms);
-  return static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
+  return static_cast<size_t>(make_plan(*p, config, sms).bytes());
 }
 
 bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
@@ -953,7 +982,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   if (kConfigs[config].kind == Kind::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
   const int sms = num_sms_of_current_device();
   const Plan pl = make_plan(*p, config, sms);
-  if (ws_bytes < static_cast<size_t>(pl.a_bytes + pl.partial_bytes + pl.counter_bytes) || workspace == nullptr) {
+  if (ws_bytes < static_cast<size_t>(pl.bytes()) || workspace == nullptr) {
     set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
     return false;
   }
@@ -1016,7 +1045,24 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     gp.trace = trace_buffer_for_launch(gp.grid, stream);
 #endif
     const unsigned blocks = static_cast<unsigned>(ceil_div(threads, 256));
-    if (quantizes_a(*p)) {
+    if (dynamic_a(*p)) {  // one chunk (can_run): the scales come from all of A
+      // The grid-reduction words: this stream's slot (backend.cu's copy of split_counters.cuh, which the
+      // K-sliced dynamic kernel shares on the stream), or workspace words zeroed ahead.
+      const int slot = split_counter_slot(3, stream);
+      uint32_t* const words = reinterpret_cast<uint32_t*>(ws + pl.a_bytes + pl.partial_bytes + pl.counter_bytes);
+      if (slot < 0) {
+        if (const cudaError_t z = consumed(launch_zero_counters(words, 3, stream)); z != cudaSuccess) {
+          if (err && err_len)
+            std::snprintf(err, err_len, "sm90 %s: launching the scale-reduction reset failed: %s",
+                          kConfigs[config].name, cudaGetErrorString(z));
+          return false;
+        }
+      }
+      const int64_t need = ceil_div(rows * (pl.kp / 64) * 4, 256);
+      quant_a_dynamic_kernel<<<static_cast<unsigned>(std::min<int64_t>(need, sms)), 256, 0, stream>>>(
+          p->a + r0 * p->lda, p->lda, p->a_type, static_cast<int>(rows), static_cast<int>(p->k), p->a_dynamic_ws2,
+          p->a_dynamic_out, slot, words, a_dec, static_cast<int>(pl.kp), gp.counters, n_counters, a_fold, a_post);
+    } else if (quantizes_a(*p)) {
       const int64_t qthreads = std::max<int64_t>(rows * (pl.kp / 64) * 4, n_counters);
       quant_a_kernel<<<static_cast<unsigned>(ceil_div(qthreads, 256)), 256, 0, stream>>>(
           p->a + r0 * p->lda, p->lda, p->a_type, static_cast<int>(rows), static_cast<int>(p->k), p->a_scale,
@@ -1141,11 +1187,30 @@ __global__ void __launch_bounds__(256) order_a16_kernel(const uint8_t* __restric
   reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64)[v] = make_uint4(pick[0], pick[1], pick[2], pick[3]);
 }
 
-// Float A quantized on the fly, then decoded exactly as decode_a_kernel decodes packed A (the same words,
-// scale bytes and half-precision products), so the GEMM that follows sees bit for bit the A_dec of
-// quantize + mm. One thread per (row, 64-K block, scale group q): it quantizes its 16 values (recipe.h)
-// and makes the 8 fp16 pairs of its group; the four threads of a block meet in shared memory, so that the
-// stores are whole 16-byte vectors (vector v = 2s + h holds group q's pair {8h + s, 8h + s + 4} at q).
+// Group q of a (row, 64-K block) of A_dec from its quantized codes: decoded exactly as decode_a_kernel decodes
+// packed A (the same words, scale byte and half-precision products); the block's four threads (consecutive
+// lanes, slot `local` of the CTA's `stage`) meet in shared memory, so that each stores two whole 16-byte vectors
+// (vector v = 2s + h holds group q's pair {8h + s, 8h + s + 4} at q). `live`: the thread has a block to write.
+__device__ __forceinline__ void store_a_dec_group(uint32_t* stage, int local, int q, bool live, uint8_t s8,
+                                                  const uint32_t (&w)[2], uint32_t a_fold, uint32_t a_post,
+                                                  __half* block_out) {
+  const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s8 | (s8 << 8)), __NV_E4M3);
+  const __half2 fold = *reinterpret_cast<const __half2*>(&a_fold), post = *reinterpret_cast<const __half2*>(&a_post);
+  const __half2 sc = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
+#pragma unroll
+  for (int v = 0; v < 8; ++v)
+    stage[(local * 8 + v) * 4 + q] = hmul2_u32(hmul2_u32(decode_word_rt(w[v & 1], v >> 1), sc), post);
+  __syncwarp();
+  if (!live) return;
+  const uint4* src = reinterpret_cast<const uint4*>(stage) + local * 8;
+  uint4* dst = reinterpret_cast<uint4*>(block_out);
+  dst[2 * q] = src[2 * q];
+  dst[2 * q + 1] = src[2 * q + 1];
+}
+
+// Float A quantized on the fly, then decoded exactly as decode_a_kernel decodes packed A, so the GEMM that
+// follows sees bit for bit the A_dec of quantize + mm. One thread per (row, 64-K block, scale group q): it
+// quantizes its 16 values (recipe.h) and makes the 8 fp16 pairs of its group (store_a_dec_group).
 __global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows,
                                                       int k, const float* __restrict__ a_scale, bool is_decode,
                                                       __half* __restrict__ out, int kp, uint32_t* counters,
@@ -1166,19 +1231,63 @@ __global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict_
     quantize_group(xt, x + static_cast<int64_t>(r) * ldx + static_cast<int64_t>(kg) * elem_bytes(xt),
                    encode_scale_of(a_scale, is_decode), s8, w[0], w[1]);
   }
-  const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s8 | (s8 << 8)), __NV_E4M3);
-  const __half2 fold = *reinterpret_cast<const __half2*>(&a_fold), post = *reinterpret_cast<const __half2*>(&a_post);
-  const __half2 sc = __hmul2(*reinterpret_cast<const __half2*>(&sr), fold);
-  const int local = threadIdx.x >> 2;  // this block's slot in the CTA
-#pragma unroll
-  for (int v = 0; v < 8; ++v)
-    stage[(local * 8 + v) * 4 + q] = hmul2_u32(hmul2_u32(decode_word_rt(w[v & 1], v >> 1), sc), post);
-  __syncwarp();
-  if (!live) return;
-  const uint4* src = reinterpret_cast<const uint4*>(stage) + local * 8;
-  uint4* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64);
-  dst[2 * q] = src[2 * q];
-  dst[2 * q + 1] = src[2 * q + 1];
+  store_a_dec_group(stage, threadIdx.x >> 2, q, live, s8, w, a_fold, a_post,
+                    out + static_cast<int64_t>(r) * kp + kb * 64);
+}
+
+// Dynamic scales (Problem::a_dynamic_ws2) for the wgmma configs: the encode scale formed first from the
+// finite amax of all of A, as the input-scales kernel forms it (csrc/quant/input_scales.cu; recipe.h
+// dynamic_input_scales), then quant_a_kernel's work with it. A persistent grid of at most one CTA per SM
+// (run), so that all of it is resident: each CTA takes the max over its share of the groups' finite |values|,
+// the grid meets at grid_dynamic_encode's barrier (CTA 0 writes {encode, decode, alpha} to `out`, where the
+// GEMM reads its alpha after its grid-dependency wait), then each CTA quantizes its share again from memory (L2:
+// A is read twice).
+__global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, __half* __restrict__ a_dec, int kp, uint32_t* counters,
+    int n_counters, uint32_t a_fold, uint32_t a_post) {
+  cudaTriggerProgrammaticLaunchCompletion();  // the GEMM launches once every CTA here has started
+  __shared__ __align__(16) uint32_t stage[64 * 8 * 4];
+  __shared__ uint32_t s_max;
+  __shared__ float s_encode;
+  if (threadIdx.x == 0) s_max = 0;
+  __syncthreads();
+  const int kblocks = kp / 64;
+  const int64_t units = static_cast<int64_t>(rows) * kblocks * 4;  // (row, 64-K block, group) triples
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * 256;    // a multiple of 4: a block's groups stay together
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  for (int64_t i = first; i < n_counters; i += stride) counters[i] = 0;
+  auto group_of = [&](int64_t u, int& r, int& kb, int& kg) {
+    const int64_t blk = u >> 2;
+    r = static_cast<int>(blk / kblocks);
+    kb = static_cast<int>(blk % kblocks);
+    kg = kb * 64 + 16 * static_cast<int>(u & 3);
+  };
+  uint32_t finite_max = 0;
+  for (int64_t u = first; u < units; u += stride) {
+    int r, kb, kg;
+    group_of(u, r, kb, kg);
+    if (kg >= k) continue;
+    uint32_t raw[16];
+    load_group(xt, x + static_cast<int64_t>(r) * ldx + static_cast<int64_t>(kg) * elem_bytes(xt), raw);
+    finite_max = max(finite_max, group_finite_max(xt, raw));
+  }
+  const float encode = grid_dynamic_encode(finite_max, s_max, s_encode, slot, ws_words, ws2, out);
+  const int64_t iters = (units + stride - 1) / stride;  // the same for every thread: each meets every __syncwarp
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t u = first + it * stride;
+    const bool live = u < units;
+    int r = 0, kb = 0, kg = k;
+    if (live) group_of(u, r, kb, kg);
+    uint8_t s8 = 0;
+    uint32_t w[2] = {0, 0};
+    if (live && kg < k)
+      quantize_group(xt, x + static_cast<int64_t>(r) * ldx + static_cast<int64_t>(kg) * elem_bytes(xt), encode, s8,
+                     w[0], w[1]);
+    __syncwarp();  // the previous round's reads of `stage` are done
+    store_a_dec_group(stage, threadIdx.x >> 2, static_cast<int>(u & 3), live, s8, w, a_fold, a_post,
+                      a_dec + static_cast<int64_t>(r) * kp + kb * 64);
+  }
 }
 
 const char* dispatch_rules() {

@@ -480,6 +480,12 @@ __global__ void __launch_bounds__(256) quant_a_kernel(const uint8_t* __restrict_
                                                       int k, const float* __restrict__ a_scale, bool is_decode,
                                                       __half* __restrict__ out, int kp, uint32_t* counters,
                                                       int n_counters, uint32_t a_fold, uint32_t a_post);
+// The same with dynamic scales (Problem::a_dynamic_ws2) formed over all of A first: a persistent grid of at most
+// one CTA per SM that meets at a grid-wide barrier (words: the stream's slot, or three zeroed workspace words).
+__global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
+    const uint8_t* __restrict__ x, int64_t ldx, AType xt, int rows, int k, const float* __restrict__ ws2,
+    float* __restrict__ out, int slot, uint32_t* ws_words, __half* __restrict__ a_dec, int kp, uint32_t* counters,
+    int n_counters, uint32_t a_fold, uint32_t a_post);
 
 struct LaunchArgs {
   GemmParams params;
