@@ -228,21 +228,14 @@ def test_linear_quantizes_in_the_gemm(x_dtype, mode):
                 torch.ops.nvfp4_gemm._sm90_force_splits(old)
 
 
-@pytest.mark.parametrize("early_b", ["", "1", "64"], ids=["b-default", "b-stage0-early", "b-pipeline-early"])
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
-def test_wk_configs_quantize_on_the_fly(monkeypatch, mode, early_b):
-    """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
-    A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
-    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). The producer's
-    orders of loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B): the default, one stage of B
-    early, the whole pipeline early."""
+def check_wk_quantize_on_the_fly(mode):
+    """test_wk_configs_quantize_on_the_fly's body, run in a fresh process (the load order is read once)."""
     from nvfp4_gemm.quantize import finite_amax, global_encode_scale
 
-    monkeypatch.setenv("NVFP4_GEMM_SM90_WK_EARLY_B", early_b)
     wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
     assert wk
     for i, name in enumerate(wk):
-        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
+        os.environ["NVFP4_GEMM_CONFIG"] = name
         for j, (m, n, k) in enumerate(((1, 136, 256), (13, 200, 2048), (40, 136, 512), (16, 264, 1536))):
             g = torch.Generator(device="cuda").manual_seed(10 * i + j)
             x_dtype = (F16, BF16, F32)[(i + j) % 3]
@@ -259,6 +252,30 @@ def test_wk_configs_quantize_on_the_fly(monkeypatch, mode, early_b):
             ref = nvfp4_gemm.mm(packed, wq, sf, wsf, torch.reciprocal(encode) * ws2 if mode == "dynamic"
                                 else input_scale * ws2, x_dtype)
             assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (name, m, n, k, x_dtype)
+
+
+_WK_QUANT_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_sm90_weight_only as t
+t.check_wk_quantize_on_the_fly(sys.argv[2])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("early_b", ["", "1", "64"], ids=["b-default", "b-stage0-early", "b-pipeline-early"])
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_wk_configs_quantize_on_the_fly(mode, early_b):
+    """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
+    A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
+    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). The producer's
+    orders of loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B, read once per process: one
+    process each): the default, one stage of B early, the whole pipeline early."""
+    env = dict(os.environ, NVFP4_GEMM_SM90_WK_EARLY_B=early_b, NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", _WK_QUANT_CHECK, os.path.dirname(os.path.abspath(__file__)), mode],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 _DYNAMIC_CHECK = """

@@ -350,11 +350,9 @@ cudaError_t launch_zero_counters(uint32_t* counters, int n, cudaStream_t stream)
   return cudaLaunchKernelEx(&cfg, zero_counters_kernel, counters, n);
 }
 
-// Whether the workspace the binding allocated holds a small-M or K-sliced plan's split partials and counters.
-bool split_workspace_ok(int64_t partial_bytes, int64_t counter_bytes, const void* workspace, size_t ws_bytes,
-                        char* err, size_t err_len) {
-  if (ws_bytes >= static_cast<size_t>(partial_bytes + counter_bytes) && (partial_bytes == 0 || workspace != nullptr))
-    return true;
+// Whether the workspace the binding allocated holds the plan's `bytes` (workspace_bytes()).
+bool workspace_ok(int64_t bytes, const void* workspace, size_t ws_bytes, char* err, size_t err_len) {
+  if (ws_bytes >= static_cast<size_t>(bytes) && (bytes == 0 || workspace != nullptr)) return true;
   set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
   return false;
 }
@@ -414,7 +412,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
                  size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const SmallMPlan pl = make_small_m_plan(*p, config, num_sms_of_current_device());
-  if (!split_workspace_ok(pl.partial_bytes, pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
+  if (!workspace_ok(pl.partial_bytes + pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
   SmallMLaunch l{};
   SmallMParams& sp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -491,12 +489,17 @@ bool wk_tiled_experiment() {
 // quantization of A: the first two, the rest of the pipeline after the first stage has landed (the weight-only
 // order). Measured (bench_model 8B, H100, RESULTS.md tenth session): static 0.45 / 0.52 at M = 1 / 16 with two,
 // 0.46 / 0.52 with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
-// NVFP4_GEMM_SM90_WK_EARLY_B=n (read per call) sets n for tests and A/B runs.
-int wk_early_b_stages() {
-  constexpr int kDefault = 2;
-  const char* env = std::getenv("NVFP4_GEMM_SM90_WK_EARLY_B");
+// NVFP4_GEMM_SM90_WK_EARLY_B=n sets n for tests and A/B runs (read once per process: no environment read on the
+// launch path).
+int positive_env_or(const char* name, int fallback) {
+  const char* env = std::getenv(name);
   const int n = env && *env ? std::atoi(env) : 0;
-  return n > 0 ? n : kDefault;
+  return n > 0 ? n : fallback;
+}
+
+int wk_early_b_stages() {
+  static const int n = positive_env_or("NVFP4_GEMM_SM90_WK_EARLY_B", 2);
+  return n;
 }
 
 struct WkPlan {
@@ -667,9 +670,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
             size_t err_len) {
   const KernelConfig& c = kConfigs[config];
   const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
-  if (!split_workspace_ok(pl.bytes() - pl.counter_bytes, pl.counter_bytes, workspace, ws_bytes, err,
-                          err_len))
-    return false;
+  if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -982,10 +983,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   if (kConfigs[config].kind == Kind::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
   const int sms = num_sms_of_current_device();
   const Plan pl = make_plan(*p, config, sms);
-  if (ws_bytes < static_cast<size_t>(pl.bytes()) || workspace == nullptr) {
-    set_msg(err, err_len, "sm90: workspace smaller than workspace_bytes() asked for");
-    return false;
-  }
+  if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto* a_dec = reinterpret_cast<__half*>(ws);
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
