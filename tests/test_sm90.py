@@ -131,6 +131,44 @@ def test_forced_splits(force_splits, splits):
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"splits {splits}, ({m}, {n}, {k}), seed {m}")
 
 
+_CLUSTER_CHECK = """
+import sys, torch, nvfp4_gemm
+sys.path.insert(0, {tests!r})
+from test_sm90 import _gpu_inputs, _check_gpu
+outs = []
+for i, (m, n, k) in enumerate({shapes!r}):
+    inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=40 + i)
+    out = nvfp4_gemm.mm(**inputs)
+    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}), seed {{40 + i}}, NVFP4_GEMM_SM90_CLUSTER={cluster}")
+    outs.append(out.cpu())
+torch.save(outs, {path!r})
+"""
+
+
+def test_cluster_split(tmp_path):
+    """Where the wgmma kernel splits each tile's K over one cluster (backend.cu choose_split), against the
+    balanced split over the grid (NVFP4_GEMM_SM90_CLUSTER=0, read once per process: one process each). Both
+    meet SPEC.md's bound; the two splits cut K at different places, so their float32 sums round differently
+    somewhere, which shows that the cluster split ran. Shapes: 32 tiles x 56 K tiles (clusters of 4 on an
+    H100), 8 tiles x 17 K tiles with a ragged last one (clusters of 8), 8 tiles of 64 tokens x 16 K tiles."""
+    import subprocess
+    import sys
+
+    shapes = [(128, 4096, 7168), (130, 392, 2080), (64, 1024, 4096)]
+    results = {}
+    for cluster in ("1", "0"):
+        path = str(tmp_path / f"cluster{cluster}.pt")
+        code = _CLUSTER_CHECK.format(tests=os.path.dirname(__file__), shapes=shapes, cluster=cluster, path=path)
+        env = dict(os.environ, NVFP4_GEMM_SM90_CLUSTER=cluster, NVFP4_GEMM_BACKEND="sm90")
+        env.pop("NVFP4_GEMM_CONFIG", None)
+        env.pop("NVFP4_GEMM_SM90_SPLITS", None)
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        results[cluster] = torch.load(path)
+    differs = [shape for shape, on, off in zip(shapes, results["1"], results["0"]) if not torch.equal(on, off)]
+    assert differs, "the cluster split gave the balanced split's bits on every shape: did it run?"
+
+
 def test_decode_exact_for_extreme_scales():
     """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):

@@ -96,5 +96,14 @@ torch.ops.nvfp4_gemm._sm90_force_splits(0)
 for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048), (64, 200, 1056), (600, 136, 544)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)
+# Automatic splits where the wgmma kernel splits each tile's K over one cluster (backend.cu choose_split): 8 tiles
+# of 32 / 17 K tiles (the last ragged) in clusters of 8 on an H100, and (64, 1024, 4096) in clusters of 4-8.
+for m, n, k in [(100, 1024, 4096), (130, 392, 2080), (64, 1024, 4096)]:
+    check(m, n, k, "cluster")
+    check(m, n, k, "cluster", torch.float16)
+    for dt in (torch.float16, torch.bfloat16):
+        check_weight_only(m, n, k, "cluster", dt)
+    check_fused_linear(m, n, k, "cluster", torch.bfloat16)
+    check_dynamic_linear(m, n, k, "cluster", torch.float16)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15, "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15 + 3 * 6, "configs:", nvfp4_gemm.configs()["sm90"])

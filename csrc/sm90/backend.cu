@@ -33,7 +33,9 @@ namespace nvfp4_gemm::sm90 {
 // activations); the small-M kernel for e2m1, fp16 and bf16 A (it stages A itself).
 #define NVFP4_SM90_EXTERN(T, KT, S, B)                                                          \
   extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kHalf>(const LaunchArgs&); \
-  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16>(const LaunchArgs&);
+  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16>(const LaunchArgs&); \
+  extern template int max_active_clusters<T, KT, S, B, Elem::kHalf>(int);             \
+  extern template int max_active_clusters<T, KT, S, B, Elem::kBf16>(int);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
 #define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B, R)                                                        \
@@ -57,6 +59,10 @@ using LaunchFn = cudaError_t (*)(const LaunchArgs&);
 constexpr LaunchFn kLaunch[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
+using ClusterCapFn = int (*)(int);
+#define NVFP4_SM90_CLUSTER_CAP(T, KT, S, B) {&max_active_clusters<T, KT, S, B, Elem::kHalf>, &max_active_clusters<T, KT, S, B, Elem::kBf16>},
+constexpr ClusterCapFn kClusterCap[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_CLUSTER_CAP)};
+#undef NVFP4_SM90_CLUSTER_CAP
 using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
 #define NVFP4_SM90_SMALL_M_LAUNCH(T, KB, D, B, R)                                                         \
   {&launch_small_m<T, KB, D, B, R, AType::kE2m1>, &launch_small_m<T, KB, D, B, R, AType::kFloat16>, \
@@ -79,6 +85,9 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 bool is_a16(const Problem& p) {
   return !quantizes_a(p) && (p.a_type == AType::kFloat16 || p.a_type == AType::kBFloat16);
 }
+
+// Whether the wgmma kernel multiplies in bf16 (bf16 activations); otherwise fp16 (NVFP4 A decodes to fp16).
+bool mma_bf16(const Problem& p) { return is_a16(p) && p.a_type == AType::kBFloat16; }
 
 #define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
 #define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B, R) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R),
@@ -144,15 +153,20 @@ int num_sms_of_current_device() {
 // fix-up of a split (partials written, the last arriver reads them back). One K tile's time is its MMA
 // time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s per SM) or its bytes at the SM's share
 // of 3 TB/s, whichever is more.
-int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_partial_bytes) {
+double k_tile_seconds(int tokens, int kt, int sms) {
+  const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
+  const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
+  return std::max(t_mma, t_mem);
+}
+
+int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_partial_bytes,
+                double* cost_out = nullptr) {
   const int64_t total = static_cast<int64_t>(tiles) * ktiles;
   if (const int forced = forced_splits()) {  // tests and benchmarks: tiles x splits
     const int64_t fit = std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * kTileW * 4));
     return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(tiles) * forced, total, fit}));
   }
-  const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
-  const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
-  const double t_tile = std::max(t_mma, t_mem);
+  const double t_tile = k_tile_seconds(tokens, kt, sms);
   const int64_t slot_bytes = 2ll * tokens * kTileW * 4;
   auto cost = [&](int64_t g) {
     const double waves = std::ceil(static_cast<double>(g) / sms);
@@ -172,6 +186,7 @@ int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_
       best = g;
     }
   }
+  if (cost_out) *cost_out = best_cost;
   return static_cast<int>(best);
 }
 
@@ -180,6 +195,46 @@ int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int
 // What the workspace bound leaves for split partials once decoded A and the counters are placed.
 int64_t partial_budget(const Plan& pl, int tiles) {
   return kMaxWorkspaceBytes - pl.a_bytes - round_up(static_cast<int64_t>(tiles) * 4, 256);
+}
+
+// Experiments: NVFP4_GEMM_SM90_CLUSTER=0 turns the cluster split off, for A/B runs in one build. Read once.
+bool cluster_split_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_CLUSTER");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+struct Split {
+  int grid = 0;
+  int cluster = 1;  // GemmParams::cluster
+};
+
+// The grid of one chunk of `tiles` tiles: choose_grid's balanced split, or, where the model says it costs less,
+// each tile's K over the S CTAs of one cluster (GemmParams::cluster), whose sums meet in distributed shared
+// memory: no partials through L2, no counter, and the fix-up spread over the S CTAs instead of one last
+// arriver (the balanced split's ~2.5 us publish + ~7 us fix-up at M = 128, docs/NOTES.md). Taken only where
+// the grid is one wave whose clusters the device holds at once (max_active_clusters) and every slice has at
+// least two K tiles.
+Split choose_split(const Plan& pl, int tiles, int config, bool bf16, int sms) {
+  Split sp;
+  double best = 0.0;
+  sp.grid = choose_grid(tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
+                        partial_budget(pl, tiles), &best);
+  if (forced_splits() || !cluster_split_enabled() || config >= kNumWgmma || kConfigs[config].ctas_per_sm != 1)
+    return sp;
+  const double t_tile = k_tile_seconds(pl.tokens, pl.kt, sms);
+  for (int size = 2; size <= kMaxGemmCluster; ++size) {
+    if (pl.ktiles < 2 * size || static_cast<int64_t>(tiles) * size > sms) break;
+    const double c = std::ceil(static_cast<double>(pl.ktiles) / size) * t_tile + 0.5e-6;
+    if (c < best && kClusterCap[config][bf16 ? 1 : 0](size) >= tiles) {
+      best = c;
+      sp.grid = tiles * size;
+      sp.cluster = size;
+    }
+  }
+  return sp;
 }
 
 // Rows of A per launch: all of M, or as many whole token tiles as keep decoded A within kMaxADecBytes.
@@ -203,10 +258,10 @@ Plan make_plan(const Problem& p, int config, int sms) {
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
-    const int grid = choose_grid(tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
-                                 partial_budget(pl, tiles));
-    if (grid > tiles) {
-      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes, static_cast<int64_t>(grid) * 2 * pl.tokens * kTileW * 4);
+    const Split sp = choose_split(pl, tiles, config, mma_bf16(p), sms);
+    if (sp.cluster == 1 && sp.grid > tiles) {
+      const int64_t grid = sp.grid;
+      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes, grid * 2 * pl.tokens * kTileW * 4);
       pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * 4, 256));
     }
   }
@@ -1027,17 +1082,18 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   constexpr uint32_t kHalf2Two7 = 0x58005800u;  // fp16x2 {128, 128}
   const uint32_t a_fold = kHalf2Two7, a_post = kHalf2Two7;
   gp.out_mult = 128.0f;
-  const bool a16 = is_a16(*p), bf16 = a16 && p->a_type == AType::kBFloat16;  // quantized A is fp16 once decoded
+  const bool a16 = is_a16(*p), bf16 = mma_bf16(*p);  // quantized A is fp16 once decoded
   args.stream = stream;
 
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
     gp.tiles = tiles_of(pl, rows);
-    gp.grid = choose_grid(gp.tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
-                          partial_budget(pl, gp.tiles));
+    const Split sp = choose_split(pl, gp.tiles, config, bf16, sms);
+    gp.grid = sp.grid;
+    gp.cluster = sp.cluster;
     gp.total = static_cast<int64_t>(gp.tiles) * pl.ktiles;
     gp.hint_b = gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
-    const int n_counters = gp.grid > gp.tiles ? gp.tiles : 0;
+    const int n_counters = gp.cluster == 1 && gp.grid > gp.tiles ? gp.tiles : 0;
     const int64_t threads = std::max<int64_t>(rows * (pl.kp / 64) * 8, n_counters);
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     gp.trace = trace_buffer_for_launch(gp.grid, stream);

@@ -57,7 +57,8 @@ def main():
     for t, kt, s, b in configs():
         for suffix, elem in (("f16", "kHalf"), ("bf16", "kBf16")):
             write(f"{name(t, kt, s, b)}_{suffix}.cu", "sm90_gemm.cuh",
-                  f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}, Elem::{elem}>(const LaunchArgs&);")
+                  f"template cudaError_t launch_gemm<{t}, {kt}, {s}, {b}, Elem::{elem}>(const LaunchArgs&);\n"
+                  f"template int max_active_clusters<{t}, {kt}, {s}, {b}, Elem::{elem}>(int);")
     for t, kb, d, b, r in small_m_configs():
         for suffix, atype in (("e2m1", "kE2m1"), ("f16", "kFloat16"), ("bf16", "kBFloat16")):
             write(f"sm90_nvfp4_smallm_w128xt{t}_kb{kb}_d{d}_b{b}_r{r}_mma16816_{suffix}.cu", "sm90_small_m.cuh",

@@ -38,6 +38,7 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cooperative_groups.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -53,6 +54,7 @@ namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
 inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
+inline constexpr int kMaxGemmCluster = 8;  // K slices of one tile in a cluster (GemmParams::cluster), portable size
 
 // One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
 // for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
@@ -86,6 +88,8 @@ struct GemmParams {
   int ktiles;             // ceil(K / 128)
   int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
+  int cluster;            // 1: that balanced split; S > 1: CTA c runs K slice c % S of tile c / S, and the S CTAs
+                          // of the tile are one cluster that sums through distributed shared memory
   int64_t total;          // tiles * ktiles
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
   float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
+  static_assert(TOKENS * 512 <= STAGES * stage_bytes(TOKENS, KT), "a cluster stages 256 threads' sums in the stages");
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
   constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
   constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
@@ -210,8 +215,15 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 
   const int wg = threadIdx.x / 128;
   const int cta = blockIdx.x;
-  const int u_begin = static_cast<int>(range_start(cta, p.total, p.grid));
-  const int u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
+  int u_begin, u_end;
+  if (p.cluster > 1) {  // K slice cta % S of tile cta / S: one segment
+    const int tile = cta / p.cluster, r = cta % p.cluster;
+    u_begin = tile * p.ktiles + r * p.ktiles / p.cluster;
+    u_end = tile * p.ktiles + (r + 1) * p.ktiles / p.cluster;
+  } else {
+    u_begin = static_cast<int>(range_start(cta, p.total, p.grid));
+    u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
+  }
 
   if (threadIdx.x == 0) {
     if (uint64_t* const trace = trace_of(p)) {
@@ -267,6 +279,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         load_a(u, s);
         if (++s == STAGES) s = 0, phase ^= 1;
       }
+    }
+    if (p.cluster > 1) {  // the consumers' two cluster barriers (cluster_reduce) count every thread
+      __syncwarp();
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
     }
     return;
   }
@@ -404,6 +421,41 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     for (int a = 1; a < kAcc; ++a)
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
+    if (p.cluster > 1) {
+      // The tile's S K slices are the S CTAs of this cluster. Each stages its sums in its own (now idle) pipeline
+      // stages in accumulator order, then CTA r sums token rows [r X / S, (r + 1) X / S) of the tile, X = TOKENS / 8
+      // float4 rows, over the S CTAs in rank order (the same result on every call), and stores them: no workspace,
+      // no counter, and the fix-up spread over the cluster instead of one last arriver.
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // both warpgroups' last wgmma have read their stage
+      float4* mine = reinterpret_cast<float4*>(smem) + t;
+#pragma unroll
+      for (int x = 0; x < TOKENS / 8; ++x)
+        mine[x * 256] = make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
+      cluster.sync();
+      const int S = p.cluster, r = static_cast<int>(cluster.block_rank());
+      const int tile = cta / S, tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
+      const int n0 = tile_w * kTileW + row0;
+      constexpr int X = TOKENS / 8;
+      const int x_lo = r * X / S, x_hi = (r + 1) * X / S;
+      for (int x = x_lo; x < x_hi; ++x) {
+        float4 v[kMaxGemmCluster];  // every rank's load in flight at once
+#pragma unroll
+        for (int k = 0; k < kMaxGemmCluster; ++k)
+          if (k < S) v[k] = cluster.map_shared_rank(mine, k)[x * 256];
+        float4 sum = v[0];
+#pragma unroll
+        for (int k = 1; k < kMaxGemmCluster; ++k)
+          if (k < S) {
+            sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
+          }
+        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
+      }
+      cluster.sync();  // the peers' shared memory stays alive until every slice is read
+      if (trace) trace_at(trace, cta, 5, global_ns());
+      break;  // one segment
+    }
 
     const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
     const int n0 = tile_w * kTileW + row0;
@@ -493,19 +545,62 @@ struct LaunchArgs {
 };
 
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+cudaError_t allow_gemm_smem() {
+  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
+  return smem_limit.run([] {
+    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(TOKENS, KT, STAGES));
+  });
+}
+
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
 cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
-  static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
-  const cudaError_t err = smem_limit.run([] {
-    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  });
-  if (err != cudaSuccess) return err;
+  if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>(); err != cudaSuccess) return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
   // so barrier setup, descriptor prefetch and the first B loads overlap it.
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
+  if (args.params.cluster > 1) {  // a tile's K slices form one cluster
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(args.params.cluster);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    cfg.numAttrs = 2;
+  }
   return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, args.params);
+}
+
+// Clusters of `size` CTAs of this kernel that the current device holds at once (0 where it holds none, or the
+// query failed); asked once per device and size, so the plan may call it on every launch.
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+int max_active_clusters(int size) {
+  static std::atomic<int> known[OncePerDevice::kMaxDevices][kMaxGemmCluster + 1] = {};  // count + 1; 0: not asked
+  int dev = 0;
+  if (size < 1 || size > kMaxGemmCluster || cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool cached = dev >= 0 && dev < OncePerDevice::kMaxDevices;
+  if (cached) {
+    if (const int v = known[dev][size].load(std::memory_order_relaxed)) return v - 1;
+  }
+  int n = 0;
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = launch_config(dim3(size), dim3(kThreads), smem_bytes(TOKENS, KT, STAGES), nullptr,
+                                         /*pdl=*/false, attr);
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.numAttrs = 1;
+  if (allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>() != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;  // not cached: a transient failure is asked again
+  }
+  if (cached) known[dev][size].store(n + 1, std::memory_order_relaxed);
+  return n;
 }
 
 }  // namespace nvfp4_gemm::sm90

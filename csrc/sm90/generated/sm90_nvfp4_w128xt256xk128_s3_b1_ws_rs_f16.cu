@@ -3,4 +3,5 @@
 
 namespace nvfp4_gemm::sm90 {
 template cudaError_t launch_gemm<256, 128, 3, 1, Elem::kHalf>(const LaunchArgs&);
+template int max_active_clusters<256, 128, 3, 1, Elem::kHalf>(int);
 }  // namespace nvfp4_gemm::sm90

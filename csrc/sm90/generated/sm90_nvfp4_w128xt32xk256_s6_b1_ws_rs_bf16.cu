@@ -3,4 +3,5 @@
 
 namespace nvfp4_gemm::sm90 {
 template cudaError_t launch_gemm<32, 256, 6, 1, Elem::kBf16>(const LaunchArgs&);
+template int max_active_clusters<32, 256, 6, 1, Elem::kBf16>(int);
 }  // namespace nvfp4_gemm::sm90
