@@ -146,15 +146,17 @@ torch.save(outs, {path!r})
 
 
 def test_cluster_split(tmp_path):
-    """Where the wgmma kernel splits each tile's K over one cluster (backend.cu choose_split), against the
+    """Where the wgmma kernel splits each tile's K over clusters (backend.cu choose_split), against the
     balanced split over the grid (NVFP4_GEMM_SM90_CLUSTER=0, read once per process: one process each). Both
     meet SPEC.md's bound; the two splits cut K at different places, so their float32 sums round differently
-    somewhere, which shows that the cluster split ran. Shapes: 32 tiles x 56 K tiles (clusters of 4 on an
-    H100), 8 tiles x 17 K tiles with a ragged last one (clusters of 8), 8 tiles of 64 tokens x 16 K tiles."""
+    somewhere, which shows that the cluster split ran. Shapes, on an H100: 32 tiles x 56 K tiles (two clusters of
+    2 per tile, their rows summed through the workspace), 4 tiles x 17 K tiles with a ragged last one (clusters
+    of 6), 8 tiles of 64 tokens x 16 K tiles (clusters of 8), 32 tiles of 64 tokens x 8 K tiles (two clusters of
+    2)."""
     import subprocess
     import sys
 
-    shapes = [(128, 4096, 7168), (130, 392, 2080), (64, 1024, 4096)]
+    shapes = [(128, 4096, 7168), (130, 392, 2080), (64, 1024, 4096), (64, 4096, 2048)]
     results = {}
     for cluster in ("1", "0"):
         path = str(tmp_path / f"cluster{cluster}.pt")

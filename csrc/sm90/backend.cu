@@ -209,14 +209,16 @@ bool cluster_split_enabled() {
 struct Split {
   int grid = 0;
   int cluster = 1;  // GemmParams::cluster
+  int groups = 1;   // GemmParams::cluster_groups
 };
 
 // The grid of one chunk of `tiles` tiles: choose_grid's balanced split, or, where the model says it costs less,
-// each tile's K over the S CTAs of one cluster (GemmParams::cluster), whose sums meet in distributed shared
-// memory: no partials through L2, no counter, and the fix-up spread over the S CTAs instead of one last
-// arriver (the balanced split's ~2.5 us publish + ~7 us fix-up at M = 128, docs/NOTES.md). Taken only where
-// the grid is one wave whose clusters the device holds at once (max_active_clusters) and every slice has at
-// least two K tiles.
+// each tile's K cut into S x G slices run by G clusters of S CTAs (GemmParams::cluster, cluster_groups), whose
+// sums meet in distributed shared memory: no partials through L2 (G = 1) or 1/S of a tile's partials per CTA
+// (G > 1), and no last arriver reading a whole tile per contributor (the balanced split's ~2.5 us publish + ~7 us
+// fix-up at M = 128, docs/NOTES.md). Taken only where the grid is one wave whose clusters the device holds at
+// once (max_active_clusters: an H100 holds 66 clusters of 2 of this kernel but only 30 of 4) and every slice has
+// at least two K tiles.
 Split choose_split(const Plan& pl, int tiles, int config, bool bf16, int sms) {
   Split sp;
   double best = 0.0;
@@ -225,13 +227,22 @@ Split choose_split(const Plan& pl, int tiles, int config, bool bf16, int sms) {
   if (forced_splits() || !cluster_split_enabled() || config >= kNumWgmma || kConfigs[config].ctas_per_sm != 1)
     return sp;
   const double t_tile = k_tile_seconds(pl.tokens, pl.kt, sms);
+  const double tile_bytes = static_cast<double>(pl.tokens) * kTileW * 4;  // one tile's fp32 sums
   for (int size = 2; size <= kMaxGemmCluster; ++size) {
-    if (pl.ktiles < 2 * size || static_cast<int64_t>(tiles) * size > sms) break;
-    const double c = std::ceil(static_cast<double>(pl.ktiles) / size) * t_tile + 0.5e-6;
-    if (c < best && kClusterCap[config][bf16 ? 1 : 0](size) >= tiles) {
-      best = c;
-      sp.grid = tiles * size;
-      sp.cluster = size;
+    for (int groups = 1; size * groups <= kMaxGemmCluster; ++groups) {
+      const int slices = size * groups;
+      if (pl.ktiles < 2 * slices || static_cast<int64_t>(tiles) * slices > sms) break;
+      double c = std::ceil(static_cast<double>(pl.ktiles) / slices) * t_tile + 0.5e-6;
+      if (groups > 1) {  // publish 1/S of a tile, read G x 1/S, within the workspace bound
+        if (static_cast<double>(tiles) * groups * tile_bytes > static_cast<double>(partial_budget(pl, tiles))) break;
+        c += 1.0e-6 + 1.5 * groups * tile_bytes / size / 50e9;
+      }
+      if (c < best && kClusterCap[config][bf16 ? 1 : 0](size) >= static_cast<int64_t>(tiles) * groups) {
+        best = c;
+        sp.grid = tiles * slices;
+        sp.cluster = size;
+        sp.groups = groups;
+      }
     }
   }
   return sp;
@@ -259,7 +270,11 @@ Plan make_plan(const Problem& p, int config, int sms) {
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
     const Split sp = choose_split(pl, tiles, config, mma_bf16(p), sms);
-    if (sp.cluster == 1 && sp.grid > tiles) {
+    if (sp.cluster > 1 && sp.groups > 1) {  // each cluster's rows of each tile, one counter per tile and rank
+      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes,
+                                           static_cast<int64_t>(tiles) * sp.groups * pl.tokens * kTileW * 4);
+      pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * sp.cluster * 4, 256));
+    } else if (sp.cluster == 1 && sp.grid > tiles) {
       const int64_t grid = sp.grid;
       pl.partial_bytes = std::max<int64_t>(pl.partial_bytes, grid * 2 * pl.tokens * kTileW * 4);
       pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * 4, 256));
@@ -1091,9 +1106,11 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     const Split sp = choose_split(pl, gp.tiles, config, bf16, sms);
     gp.grid = sp.grid;
     gp.cluster = sp.cluster;
+    gp.cluster_groups = sp.groups;
     gp.total = static_cast<int64_t>(gp.tiles) * pl.ktiles;
     gp.hint_b = gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
-    const int n_counters = gp.cluster == 1 && gp.grid > gp.tiles ? gp.tiles : 0;
+    const int n_counters = gp.cluster > 1 ? (gp.cluster_groups > 1 ? gp.tiles * gp.cluster : 0)
+                                          : (gp.grid > gp.tiles ? gp.tiles : 0);
     const int64_t threads = std::max<int64_t>(rows * (pl.kp / 64) * 8, n_counters);
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     gp.trace = trace_buffer_for_launch(gp.grid, stream);

@@ -88,8 +88,12 @@ struct GemmParams {
   int ktiles;             // ceil(K / 128)
   int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
-  int cluster;            // 1: that balanced split; S > 1: CTA c runs K slice c % S of tile c / S, and the S CTAs
-                          // of the tile are one cluster that sums through distributed shared memory
+  int cluster;            // 1: that balanced split; S > 1: a tile's K is cut into S x G slices (G = cluster_groups),
+                          // CTA c runs slice c % (S G) of tile c / (S G), and each S consecutive CTAs are one
+                          // cluster that sums through distributed shared memory
+  int cluster_groups;     // G: clusters per tile (1: the cluster's sums are the tile's); G > 1: each cluster CTA
+                          // publishes its 1/S of the tile's rows to `partial` and counts on counters[tile S + rank];
+                          // the G-th arrival sums the G clusters' rows in cluster order
   int64_t total;          // tiles * ktiles
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
   float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
@@ -216,10 +220,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int wg = threadIdx.x / 128;
   const int cta = blockIdx.x;
   int u_begin, u_end;
-  if (p.cluster > 1) {  // K slice cta % S of tile cta / S: one segment
-    const int tile = cta / p.cluster, r = cta % p.cluster;
-    u_begin = tile * p.ktiles + r * p.ktiles / p.cluster;
-    u_end = tile * p.ktiles + (r + 1) * p.ktiles / p.cluster;
+  if (p.cluster > 1) {  // K slice cta % (S G) of tile cta / (S G): one segment
+    const int slices = p.cluster * p.cluster_groups;
+    const int tile = cta / slices, j = cta % slices;
+    u_begin = tile * p.ktiles + j * p.ktiles / slices;
+    u_end = tile * p.ktiles + (j + 1) * p.ktiles / slices;
   } else {
     u_begin = static_cast<int>(range_start(cta, p.total, p.grid));
     u_end = static_cast<int>(range_start(cta + 1, p.total, p.grid));
@@ -422,10 +427,12 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
     if (p.cluster > 1) {
-      // The tile's S K slices are the S CTAs of this cluster. Each stages its sums in its own (now idle) pipeline
-      // stages in accumulator order, then CTA r sums token rows [r X / S, (r + 1) X / S) of the tile, X = TOKENS / 8
-      // float4 rows, over the S CTAs in rank order (the same result on every call), and stores them: no workspace,
-      // no counter, and the fix-up spread over the cluster instead of one last arriver.
+      // The S CTAs of this cluster ran S consecutive K slices of the tile. Each stages its sums in its own (now
+      // idle) pipeline stages in accumulator order, then CTA r sums token rows [r X / S, (r + 1) X / S) of the
+      // tile, X = TOKENS / 8 float4 rows, over the S CTAs in rank order (the same result on every call). With one
+      // cluster per tile (G = 1) it stores them: no workspace, no counter, the fix-up spread over the cluster.
+      // With G clusters per tile it publishes them (1/S of the tile, not the whole tile) and counts; the last of
+      // the G CTAs of rank r sums the G clusters' rows in cluster order and stores them.
       namespace cg = cooperative_groups;
       cg::cluster_group cluster = cg::this_cluster();
       cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // both warpgroups' last wgmma have read their stage
@@ -434,11 +441,14 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       for (int x = 0; x < TOKENS / 8; ++x)
         mine[x * 256] = make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
       cluster.sync();
-      const int S = p.cluster, r = static_cast<int>(cluster.block_rank());
-      const int tile = cta / S, tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
+      const int S = p.cluster, G = p.cluster_groups, r = static_cast<int>(cluster.block_rank());
+      const int group = cta % (S * G) / S;
+      const int tile = cta / (S * G), tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
       const int n0 = tile_w * kTileW + row0;
       constexpr int X = TOKENS / 8;
       const int x_lo = r * X / S, x_hi = (r + 1) * X / S;
+      // This cluster's rows of the tile in the workspace: [tile][group][X][256] float4s (G > 1).
+      float4* const part = p.partial + (static_cast<int64_t>(tile) * G + group) * X * 256 + t;
       for (int x = x_lo; x < x_hi; ++x) {
         float4 v[kMaxGemmCluster];  // every rank's load in flight at once
 #pragma unroll
@@ -450,9 +460,35 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
           if (k < S) {
             sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
           }
-        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
+        if (G == 1)
+          store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
+        else
+          __stcg(part + x * 256, sum);
       }
       cluster.sync();  // the peers' shared memory stays alive until every slice is read
+      if (G > 1) {
+        __threadfence();
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+        if (t == 0) last_flag = atomicAdd(&p.counters[tile * S + r], 1u) == static_cast<uint32_t>(G - 1);
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+        if (last_flag) {
+          __threadfence();
+          const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * 256 + t;
+          for (int x = x_lo; x < x_hi; ++x) {
+            float4 v[kMaxGemmCluster];
+#pragma unroll
+            for (int k = 0; k < kMaxGemmCluster; ++k)
+              if (k < G) v[k] = __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256);
+            float4 sum = v[0];
+#pragma unroll
+            for (int k = 1; k < kMaxGemmCluster; ++k)
+              if (k < G) {
+                sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
+              }
+            store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
+          }
+        }
+      }
       if (trace) trace_at(trace, cta, 5, global_ns());
       break;  // one segment
     }
