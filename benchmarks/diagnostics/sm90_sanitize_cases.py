@@ -96,8 +96,9 @@ torch.ops.nvfp4_gemm._sm90_force_splits(0)
 for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048), (64, 200, 1056), (600, 136, 544)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)
-# Automatic splits where the wgmma kernel splits each tile's K over one cluster (backend.cu choose_split): 8 tiles
-# of 32 / 17 K tiles (the last ragged) in clusters of 8 on an H100, and (64, 1024, 4096) in clusters of 4-8.
+# Automatic splits where the wgmma kernel splits each tile's K over one cluster (backend.cu choose_split), on an
+# H100: 8 tiles of 32 K tiles in clusters of 8, 4 tiles of 17 K tiles (the last ragged) in clusters of 6, and 8
+# tiles of 64 tokens in clusters of 8.
 for m, n, k in [(100, 1024, 4096), (130, 392, 2080), (64, 1024, 4096)]:
     check(m, n, k, "cluster")
     check(m, n, k, "cluster", torch.float16)
