@@ -150,7 +150,7 @@ def test_cluster_split(tmp_path):
     balanced split over the grid (NVFP4_GEMM_SM90_CLUSTER=0, read once per process: one process each). Both
     meet SPEC.md's bound; the two splits cut K at different places, so their float32 sums round differently
     somewhere, which shows that the cluster split ran. Shapes, on an H100: 32 tiles x 56 K tiles (the balanced
-    split: an H100 holds 30 clusters of 4, not 32; the two processes must agree there), 4 tiles x 17 K tiles with
+    split in both processes: an H100 holds 30 clusters of 4, not 32), 4 tiles x 17 K tiles with
     a ragged last one (clusters of 6), 8 tiles of 64 tokens x 16 K tiles (clusters of 8)."""
     import subprocess
     import sys
