@@ -608,7 +608,8 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
 }
 
 // Clusters of `size` CTAs of this kernel that the current device holds at once (0 where it holds none, or the
-// query failed); asked once per device and size, so the plan may call it on every launch.
+// query failed); asked once per device and size, so the plan may call it on every launch, and a failure is kept
+// too, so that workspace_bytes() and run() of one process always plan the same split.
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
 int max_active_clusters(int size) {
   static std::atomic<int> known[OncePerDevice::kMaxDevices][kMaxGemmCluster + 1] = {};  // count + 1; 0: not asked
@@ -633,7 +634,7 @@ int max_active_clusters(int size) {
   if (allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>() != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&n, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, &cfg) != cudaSuccess) {
     cudaGetLastError();
-    return 0;  // not cached: a transient failure is asked again
+    n = 0;
   }
   if (cached) known[dev][size].store(n + 1, std::memory_order_relaxed);
   return n;
