@@ -184,6 +184,23 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
   }
 }
 
+// The sum of load(0) .. load(n - 1), n <= kMaxGemmCluster, added in index order (the same bits on every call),
+// with every load issued before the first add.
+template <typename Load>
+__device__ __forceinline__ float4 sum_in_order(int n, Load load) {
+  float4 v[kMaxGemmCluster];
+#pragma unroll
+  for (int k = 0; k < kMaxGemmCluster; ++k)
+    if (k < n) v[k] = load(k);
+  float4 sum = v[0];
+#pragma unroll
+  for (int k = 1; k < kMaxGemmCluster; ++k)
+    if (k < n) {
+      sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
+    }
+  return sum;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The main kernel. grid = params.grid CTAs of 384 threads: warpgroup 0 produces (one thread issues TMA),
 // warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
@@ -450,16 +467,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       // This cluster's rows of the tile in the workspace: [tile][group][X][256] float4s (G > 1).
       float4* const part = p.partial + (static_cast<int64_t>(tile) * G + group) * X * 256 + t;
       for (int x = x_lo; x < x_hi; ++x) {
-        float4 v[kMaxGemmCluster];  // every rank's load in flight at once
-#pragma unroll
-        for (int k = 0; k < kMaxGemmCluster; ++k)
-          if (k < S) v[k] = cluster.map_shared_rank(mine, k)[x * 256];
-        float4 sum = v[0];
-#pragma unroll
-        for (int k = 1; k < kMaxGemmCluster; ++k)
-          if (k < S) {
-            sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
-          }
+        const float4 sum = sum_in_order(S, [&](int k) { return cluster.map_shared_rank(mine, k)[x * 256]; });
         if (G == 1)
           store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
         else
@@ -475,16 +483,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
           __threadfence();
           const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * 256 + t;
           for (int x = x_lo; x < x_hi; ++x) {
-            float4 v[kMaxGemmCluster];
-#pragma unroll
-            for (int k = 0; k < kMaxGemmCluster; ++k)
-              if (k < G) v[k] = __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256);
-            float4 sum = v[0];
-#pragma unroll
-            for (int k = 1; k < kMaxGemmCluster; ++k)
-              if (k < G) {
-                sum.x += v[k].x; sum.y += v[k].y; sum.z += v[k].z; sum.w += v[k].w;
-              }
+            const float4 sum =
+                sum_in_order(G, [&](int k) { return __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256); });
             store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
           }
         }
