@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       constexpr int X = TOKENS / 8;
       const int x_lo = r * X / S, x_hi = (r + 1) * X / S;
       // This cluster's rows of the tile in the workspace: [tile][group][X][256] float4s (G > 1).
-      float4* const part = p.partial + (static_cast<int64_t>(tile) * G + group) * X * 256 + t;
+      float4* const part = G > 1 ? p.partial + (static_cast<int64_t>(tile) * G + group) * X * 256 + t : nullptr;
       for (int x = x_lo; x < x_hi; ++x) {
         const float4 sum = sum_in_order(S, [&](int k) { return cluster.map_shared_rank(mine, k)[x * 256]; });
         if (G == 1)
