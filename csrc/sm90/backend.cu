@@ -25,6 +25,7 @@
 #include "sm90/quant_a.cuh"
 #include "sm90/sm90_small_m.cuh"
 #include "sm90/sm90_wk.cuh"
+#include "sm90/split_plan.h"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -148,54 +149,15 @@ int num_sms_of_current_device() {
   return sms;
 }
 
-// Grid size. Candidates: one CTA per tile (no partial sums), or a balanced split over g >= tiles CTAs
-// (a whole number of waves of `sms`). Cost = waves x K tiles per CTA x time of one K tile, plus the
-// fix-up of a split (partials written, the last arriver reads them back). One K tile's time is its MMA
-// time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s per SM) or its bytes at the SM's share
-// of 3 TB/s, whichever is more.
+// The cost model's time of one K tile of one CTA: its MMA time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s
+// per SM) or its bytes at the SM's share of 3 TB/s, whichever is more.
 double k_tile_seconds(int tokens, int kt, int sms) {
   const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
   const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
   return std::max(t_mma, t_mem);
 }
 
-int choose_grid(int tiles, int ktiles, int tokens, int kt, int sms, int64_t max_partial_bytes,
-                double* cost_out = nullptr) {
-  const int64_t total = static_cast<int64_t>(tiles) * ktiles;
-  if (const int forced = forced_splits()) {  // tests and benchmarks: tiles x splits
-    const int64_t fit = std::max<int64_t>(tiles, max_partial_bytes / (2ll * tokens * kTileW * 4));
-    return static_cast<int>(std::min<int64_t>({static_cast<int64_t>(tiles) * forced, total, fit}));
-  }
-  const double t_tile = k_tile_seconds(tokens, kt, sms);
-  const int64_t slot_bytes = 2ll * tokens * kTileW * 4;
-  auto cost = [&](int64_t g) {
-    const double waves = std::ceil(static_cast<double>(g) / sms);
-    double c = waves * std::ceil(static_cast<double>(total) / g) * t_tile;
-    if (g > tiles) c += 1.0e-6 + 1.5 * slot_bytes / 50e9;
-    return c;
-  };
-  int64_t best = tiles;
-  double best_cost = cost(tiles);
-  for (int64_t w = 1; w <= 8; ++w) {
-    const int64_t g = std::min<int64_t>(w * sms, total);
-    if (g <= tiles) continue;
-    if (g * slot_bytes > max_partial_bytes) break;
-    const double c = cost(g);
-    if (c < best_cost * 0.97) {
-      best_cost = c;
-      best = g;
-    }
-  }
-  if (cost_out) *cost_out = best_cost;
-  return static_cast<int>(best);
-}
-
 int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int>(ceil_div(rows, pl.tokens)); }
-
-// What the workspace bound leaves for split partials once decoded A and the counters are placed.
-int64_t partial_budget(const Plan& pl, int tiles) {
-  return kMaxWorkspaceBytes - pl.a_bytes - round_up(static_cast<int64_t>(tiles) * 4, 256);
-}
 
 // Experiments: NVFP4_GEMM_SM90_CLUSTER=0 turns the cluster split off, for A/B runs in one build. Read once.
 bool cluster_split_enabled() {
@@ -206,46 +168,23 @@ bool cluster_split_enabled() {
   return on;
 }
 
-struct Split {
-  int grid = 0;
-  int cluster = 1;  // GemmParams::cluster
-  int groups = 1;   // GemmParams::cluster_groups
-};
+// The split planner's inputs for one chunk of `tiles` tiles (split_plan.h).
+SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
+  SplitInputs in;
+  in.tiles = tiles;
+  in.ktiles = pl.ktiles;
+  in.sms = sms * kConfigs[config].ctas_per_sm;
+  in.t_tile = k_tile_seconds(pl.tokens, pl.kt, in.sms);
+  in.tile_bytes = static_cast<int64_t>(pl.tokens) * kTileW * 4;
+  in.workspace_left = kMaxWorkspaceBytes - pl.a_bytes;
+  in.forced = forced_splits();
+  in.clusters = cluster_split_enabled() && config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
+  return in;
+}
 
-// The grid of one chunk of `tiles` tiles: choose_grid's balanced split, or, where the model says it costs less,
-// each tile's K cut into S x G slices run by G clusters of S CTAs (GemmParams::cluster, cluster_groups), whose
-// sums meet in distributed shared memory: no partials through L2 (G = 1) or 1/S of a tile's partials per CTA
-// (G > 1), and no last arriver reading a whole tile per contributor (the balanced split's ~2.5 us publish + ~7 us
-// fix-up at M = 128, docs/NOTES.md). Taken only where the grid is one wave whose clusters the device holds at
-// once (max_active_clusters: an H100 holds 66 clusters of 2 of this kernel but only 30 of 4) and every slice has
-// at least two K tiles.
-Split choose_split(const Plan& pl, int tiles, int config, bool bf16, int sms) {
-  Split sp;
-  double best = 0.0;
-  sp.grid = choose_grid(tiles, pl.ktiles, pl.tokens, pl.kt, sms * kConfigs[config].ctas_per_sm,
-                        partial_budget(pl, tiles), &best);
-  if (forced_splits() || !cluster_split_enabled() || config >= kNumWgmma || kConfigs[config].ctas_per_sm != 1)
-    return sp;
-  const double t_tile = k_tile_seconds(pl.tokens, pl.kt, sms);
-  const double tile_bytes = static_cast<double>(pl.tokens) * kTileW * 4;  // one tile's fp32 sums
-  for (int size = 2; size <= kMaxGemmCluster; ++size) {
-    for (int groups = 1; size * groups <= kMaxGemmCluster; ++groups) {
-      const int slices = size * groups;
-      if (pl.ktiles < 2 * slices || static_cast<int64_t>(tiles) * slices > sms) break;
-      double c = std::ceil(static_cast<double>(pl.ktiles) / slices) * t_tile + 0.5e-6;
-      if (groups > 1) {  // publish 1/S of a tile, read G x 1/S, within the workspace bound
-        if (static_cast<double>(tiles) * groups * tile_bytes > static_cast<double>(partial_budget(pl, tiles))) break;
-        c += 1.0e-6 + 1.5 * groups * tile_bytes / size / 50e9;
-      }
-      if (c < best && kClusterCap[config][bf16 ? 1 : 0](size) >= static_cast<int64_t>(tiles) * groups) {
-        best = c;
-        sp.grid = tiles * slices;
-        sp.cluster = size;
-        sp.groups = groups;
-      }
-    }
-  }
-  return sp;
+// split_plan.h's choice with this device's cluster capacity (max_active_clusters).
+Split plan_split(const SplitInputs& in, int config, bool bf16) {
+  return choose_split(in, [&](int size) { return kClusterCap[config][bf16 ? 1 : 0](size); });
 }
 
 // Rows of A per launch: all of M, or as many whole token tiles as keep decoded A within kMaxADecBytes.
@@ -269,16 +208,10 @@ Plan make_plan(const Problem& p, int config, int sms) {
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
-    const Split sp = choose_split(pl, tiles, config, mma_bf16(p), sms);
-    if (sp.cluster > 1 && sp.groups > 1) {  // each cluster's rows of each tile, one counter per tile and rank
-      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes,
-                                           static_cast<int64_t>(tiles) * sp.groups * pl.tokens * kTileW * 4);
-      pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * sp.cluster * 4, 256));
-    } else if (sp.cluster == 1 && sp.grid > tiles) {
-      const int64_t grid = sp.grid;
-      pl.partial_bytes = std::max<int64_t>(pl.partial_bytes, grid * 2 * pl.tokens * kTileW * 4);
-      pl.counter_bytes = std::max<int64_t>(pl.counter_bytes, round_up(static_cast<int64_t>(tiles) * 4, 256));
-    }
+    const SplitInputs in = split_inputs(pl, tiles, config, sms);
+    const Split sp = plan_split(in, config, mma_bf16(p));
+    pl.partial_bytes = std::max(pl.partial_bytes, split_partial_bytes(in, sp));
+    pl.counter_bytes = std::max(pl.counter_bytes, round_up(split_counters(in, sp) * 4, 256));
   }
   return pl;
 }
@@ -1103,14 +1036,14 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
     gp.tiles = tiles_of(pl, rows);
-    const Split sp = choose_split(pl, gp.tiles, config, bf16, sms);
+    const SplitInputs in = split_inputs(pl, gp.tiles, config, sms);
+    const Split sp = plan_split(in, config, bf16);
     gp.grid = sp.grid;
     gp.cluster = sp.cluster;
     gp.cluster_groups = sp.groups;
     gp.total = static_cast<int64_t>(gp.tiles) * pl.ktiles;
     gp.hint_b = gp.tiles == pl.tiles_w ? kEvictFirst : kEvictNormal;
-    const int n_counters = gp.cluster > 1 ? (gp.cluster_groups > 1 ? gp.tiles * gp.cluster : 0)
-                                          : (gp.grid > gp.tiles ? gp.tiles : 0);
+    const int n_counters = static_cast<int>(split_counters(in, sp));
     const int64_t threads = std::max<int64_t>(rows * (pl.kp / 64) * 8, n_counters);
 #ifdef NVFP4_GEMM_DIAGNOSTICS
     gp.trace = trace_buffer_for_launch(gp.grid, stream);

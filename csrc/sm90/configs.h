@@ -11,7 +11,7 @@
 //    128 at 128 / 256 tokens, where decoded A (tokens x KT x 2 bytes) would leave room for 2 stages only;
 //  - the pipeline depth: as many stages as fit in 227 KB.
 // The grid (one CTA per tile, or a balanced split over whole waves) is chosen per problem at run time
-// (choose_grid in backend.cu), not per config.
+// (choose_split in split_plan.h), not per config.
 #pragma once
 
 #include <cstdint>

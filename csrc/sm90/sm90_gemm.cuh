@@ -53,13 +53,13 @@
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
 #include "sm90/per_device.h"
+#include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
 
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
 inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
-inline constexpr int kMaxGemmCluster = 8;  // K slices of one tile in a cluster (GemmParams::cluster), portable size
 
 // One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
 // for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
