@@ -189,6 +189,19 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
   }
 }
 
+// After the 256 consumer threads have published partial sums: whether this CTA is the last of `others` + 1 to
+// count on `counter` (the one that sums them). Each thread fences its own stores before the count, and the last
+// arriver fences again before it reads the others' (the pattern of CUTLASS's split-K semaphore). `flag` is a
+// shared word; every consumer thread calls this.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* counter, uint32_t others, int t, int& flag) {
+  __threadfence();
+  cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+  if (t == 0) flag = atomicAdd(counter, 1u) == others;
+  cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+  if (flag) __threadfence();
+  return flag;
+}
+
 // The sum of load(0) .. load(n - 1), n <= kMaxGemmCluster, added in index order (the same bits on every call),
 // with every load issued before the first add.
 template <typename Load>
@@ -479,19 +492,12 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
           __stcg(part + x * 256, sum);
       }
       cluster.sync();  // the peers' shared memory stays alive until every slice is read
-      if (G > 1) {
-        __threadfence();
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-        if (t == 0) last_flag = atomicAdd(&p.counters[tile * S + r], 1u) == static_cast<uint32_t>(G - 1);
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-        if (last_flag) {
-          __threadfence();
-          const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * 256 + t;
-          for (int x = x_lo; x < x_hi; ++x) {
-            const float4 sum =
-                sum_in_order(G, [&](int k) { return __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256); });
-            store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
-          }
+      if (G > 1 && last_to_arrive(&p.counters[tile * S + r], static_cast<uint32_t>(G - 1), t, last_flag)) {
+        const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * 256 + t;
+        for (int x = x_lo; x < x_hi; ++x) {
+          const float4 sum =
+              sum_in_order(G, [&](int k) { return __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256); });
+          store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
         }
       }
       if (trace) trace_at(trace, cta, 5, global_ns());
@@ -513,19 +519,14 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
     for (int x = 0; x < TOKENS / 8; ++x)
       __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
-    __threadfence();
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
     const int64_t first_u = static_cast<int64_t>(tile) * p.ktiles;
     const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
     const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
-    if (t == 0) last_flag = atomicAdd(&p.counters[tile], 1u) == static_cast<uint32_t>(c_last - c_first);
-    cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-    if (!last_flag) {
+    if (!last_to_arrive(&p.counters[tile], static_cast<uint32_t>(c_last - c_first), t, last_flag)) {
       if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
     if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
-    __threadfence();
     // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
     // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
     // frees the accumulators for the loads.

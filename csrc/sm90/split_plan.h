@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/problem.h"
+
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kMaxGemmCluster = 8;  // CTAs of one cluster and K slices of one tile, at most (portable size)
@@ -30,8 +32,6 @@ struct Split {
   int groups = 1;   // clusters per tile (cluster > 1)
 };
 
-inline int64_t round_up_256(int64_t v) { return (v + 255) / 256 * 256; }
-
 // Counters the split counts arrivals on: one per tile for the balanced split, one per tile and cluster rank where
 // a tile has several clusters, none otherwise.
 inline int64_t split_counters(const SplitInputs& in, const Split& sp) {
@@ -47,7 +47,7 @@ inline int64_t split_partial_bytes(const SplitInputs& in, const Split& sp) {
 }
 
 inline int64_t split_workspace_bytes(const SplitInputs& in, const Split& sp) {
-  return split_partial_bytes(in, sp) + round_up_256(split_counters(in, sp) * 4);
+  return split_partial_bytes(in, sp) + round_up(split_counters(in, sp) * 4, 256);
 }
 
 // The balanced split. Candidates: one CTA per tile (no partial sums), or g >= tiles CTAs over whole waves that cut
@@ -57,7 +57,7 @@ inline int64_t split_workspace_bytes(const SplitInputs& in, const Split& sp) {
 inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   const int64_t total = static_cast<int64_t>(in.tiles) * in.ktiles;
   const int64_t slot_bytes = 2 * in.tile_bytes;
-  const int64_t counters = round_up_256(static_cast<int64_t>(in.tiles) * 4);
+  const int64_t counters = round_up(static_cast<int64_t>(in.tiles) * 4, 256);
   const int64_t max_partial = in.workspace_left - counters;
   Split sp;
   if (in.forced > 0) {
