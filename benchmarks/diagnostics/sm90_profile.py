@@ -2,7 +2,10 @@
 time goes (A prepass, main kernel, split-K reduce).
 
     python benchmarks/diagnostics/sm90_profile.py [auto | cfg=<config> | <splits> ...]
-    python benchmarks/diagnostics/sm90_profile.py --once M N K     (three calls, for ncu)
+    python benchmarks/diagnostics/sm90_profile.py --once M N K [mm | wo | humming]   (three calls, for ncu)
+
+--once runs three calls of one form: mm (NVFP4 A, the default), wo (the weight-only form, fp16 A) or humming
+(humming-kernels' W4A16 layer on the same weights, fp16 A), so that ncu can put the kernels side by side.
 """
 import os
 import sys
@@ -15,8 +18,12 @@ import nvfp4_gemm
 os.environ["NVFP4_GEMM_BACKEND"] = "sm90"
 SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
           (512, 4096, 7168), (2304, 4608, 7168)]
+once_form = None
 if sys.argv[1:2] == ["--once"]:
     SHAPES = [tuple(int(x) for x in sys.argv[2:5])]
+    once_form = sys.argv[5] if len(sys.argv) > 5 else "mm"
+    if once_form not in ("mm", "wo", "humming"):
+        sys.exit(f"--once: form must be mm, wo or humming, got {once_form!r}")
     variants = ["once"]
 else:
     variants = sys.argv[1:] or ["auto"]
@@ -29,8 +36,20 @@ for m, n, k in SHAPES:
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for v in variants:
         if v == "once":
+            if once_form == "mm":
+                call = lambda: nvfp4_gemm.mm(a, b, sfa, sfb)  # noqa: E731
+            else:
+                x = torch.randn(m, k, device="cuda", generator=g).to(torch.float16)
+                if once_form == "wo":
+                    call = lambda: nvfp4_gemm.mm(x, b, None, sfb)  # noqa: E731
+                else:
+                    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    from _timing import humming_w4a16
+                    call = humming_w4a16(b, sfb, torch.ones(1, device="cuda"))
+                    call(x)  # humming compiles its kernel at the first call
+                    call = (lambda f: lambda: f(x))(call)
             for _ in range(3):
-                nvfp4_gemm.mm(a, b, sfa, sfb)
+                call()
             torch.cuda.synchronize()
             continue
         os.environ.pop("NVFP4_GEMM_CONFIG", None)
