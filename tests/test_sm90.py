@@ -171,6 +171,28 @@ def test_cluster_split(tmp_path):
     assert differs, "the cluster split gave the balanced split's bits on every shape: did it run?"
 
 
+def test_one_wave_over_more_tiles(force_splits):
+    """More tiles than SMs: the plan (split_plan.h choose_grid) runs one wave of CTAs over contiguous ranges of
+    (tile, K tile) units, each range holding whole tiles between a partial first and last one, against one CTA per
+    whole tile (1 split forced: no partial sums). Shapes, on an H100: 330 tiles of 64 tokens x 2 K tiles (5 K tiles a
+    CTA, so a range spans up to four tiles); gate_up of an 8B model at M = 128 (224 tiles x 32 K tiles); 136 tiles
+    of 256 tokens with M and K ragged. Both meet SPEC.md's bound, a second call gives the same bits, and the two
+    plans sum K in different pieces, so the float32 results differ somewhere, which shows that the split ran."""
+    differs = []
+    for i, (m, n, k) in enumerate([(64, 42240, 512), (128, 28672, 4096), (200, 17408, 1056)]):
+        inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=60 + i)
+        force_splits(0)
+        out = nvfp4_gemm.mm(**inputs)
+        _check_gpu(out, inputs, f"one wave, ({m}, {n}, {k}), seed {60 + i}")
+        assert torch.equal(out, nvfp4_gemm.mm(**inputs)), f"({m}, {n}, {k}): two calls differ"
+        force_splits(1)
+        whole = nvfp4_gemm.mm(**inputs)
+        _check_gpu(whole, inputs, f"one CTA per tile, ({m}, {n}, {k}), seed {60 + i}")
+        if not torch.equal(out, whole):
+            differs.append((m, n, k))
+    assert differs, "the one-wave split gave the unsplit bits on every shape: did it run?"
+
+
 def test_decode_exact_for_extreme_scales():
     """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):

@@ -106,5 +106,12 @@ for m, n, k in [(100, 1024, 4096), (130, 392, 2080), (64, 1024, 4096), (64, 4096
         check_weight_only(m, n, k, "cluster", dt)
     check_fused_linear(m, n, k, "cluster", torch.bfloat16)
     check_dynamic_linear(m, n, k, "cluster", torch.float16)
+# Automatic splits with more tiles than SMs: one wave of CTAs whose contiguous ranges hold whole tiles between a
+# partial first and last one (330 tiles of 64 tokens x 2 K tiles: 5 K tiles a CTA; 136 tiles of 256 tokens, M and
+# K ragged).
+for m, n, k in [(64, 42240, 512), (200, 17408, 1056)]:
+    check(m, n, k, "one wave")
+    check_weight_only(m, n, k, "one wave", torch.bfloat16)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15 + 4 * 6, "configs:", nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15 + 4 * 6 + 2 * 2, "configs:",
+      nvfp4_gemm.configs()["sm90"])

@@ -168,6 +168,16 @@ bool cluster_split_enabled() {
   return on;
 }
 
+// Experiments: NVFP4_GEMM_SM90_ONE_WAVE=0 keeps grids of at least one CTA per tile (no one-wave split over more
+// tiles than SMs), for A/B runs in one build. Read once.
+bool one_wave_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_ONE_WAVE");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
 // The split planner's inputs for one chunk of `tiles` tiles (split_plan.h).
 SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
   SplitInputs in;
@@ -179,6 +189,7 @@ SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
   in.workspace_left = kMaxWorkspaceBytes - pl.a_bytes;
   in.forced = forced_splits();
   in.clusters = cluster_split_enabled() && config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
+  in.one_wave = one_wave_enabled();
   return in;
 }
 

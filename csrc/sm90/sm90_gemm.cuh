@@ -85,7 +85,7 @@ struct GemmParams {
   const float* alpha;     // nullptr: 1
   const float* alpha2;    // nullptr, or a second factor of alpha (Problem::alpha2)
   void* c;                // output rows of this M chunk
-  float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid > tiles
+  float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid != tiles
   uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
   int64_t ldc;
   int m, n, k;
@@ -115,8 +115,9 @@ __device__ __forceinline__ uint64_t* trace_of(const GemmParams& p) { return kDia
 
 // Balanced split ("stream-K" without waiting): the tiles x ktiles units are cut into `grid` equal
 // contiguous ranges. A tile whose units span several CTAs is summed by whichever of them arrives last,
-// reading the others' partials in CTA order, so the result is the same whatever the timing. grid >= tiles,
-// so a range touches at most two tiles.
+// reading the others' partials in CTA order, so the result is the same whatever the timing. Only the first
+// and the last tile of a range can be partial (grid > tiles: a range touches at most two tiles; grid < tiles,
+// one wave over more tiles than SMs: the tiles between are whole), so each CTA has two partial slots.
 __host__ __device__ __forceinline__ int64_t range_start(int64_t c, int64_t total, int64_t grid) {
   return c * total / grid;
 }
@@ -514,8 +515,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
-    // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals.
-    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + seg) * (TOKENS / 8) * 256 + t;
+    // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
+    // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
+    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
 #pragma unroll
     for (int x = 0; x < TOKENS / 8; ++x)
       __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
@@ -531,11 +533,10 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
     // frees the accumulators for the loads.
     const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
-    // CTA c_first holds the tile's first units in its second slot unless its range starts inside the
-    // tile (then its first); every later CTA of the tile starts inside it, so uses its first slot.
-    const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 +
-                                      (tile - static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles))) *
-                                         (TOKENS / 8) * 256 + t;
+    // CTA c_first holds the tile's first units in its second slot (the tile ends its range) unless its range
+    // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
+    const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
+    const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 + first_slot) * (TOKENS / 8) * 256 + t;
     constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
 #pragma unroll
     for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {

@@ -23,6 +23,7 @@ struct SplitInputs {
   int64_t workspace_left = 0;     // what the workspace bound leaves once decoded A is placed
   int forced = 0;                 // a forced split count (tests and benchmarks); 0: automatic
   bool clusters = false;          // the config and the caller allow the cluster split
+  bool one_wave = true;           // one wave over more tiles than it holds is allowed (NVFP4_GEMM_SM90_ONE_WAVE=0: not)
 };
 
 // GemmParams' grid, cluster and cluster_groups (sm90_gemm.cuh).
@@ -36,24 +37,31 @@ struct Split {
 // a tile has several clusters, none otherwise.
 inline int64_t split_counters(const SplitInputs& in, const Split& sp) {
   if (sp.cluster > 1) return sp.groups > 1 ? static_cast<int64_t>(in.tiles) * sp.cluster : 0;
-  return sp.grid > in.tiles ? in.tiles : 0;
+  return sp.grid != in.tiles ? in.tiles : 0;
 }
 
-// Workspace bytes for partial sums: two segments per CTA for the balanced split (a CTA's range touches at most two
-// tiles), one tile per cluster where a tile has several clusters, none otherwise.
+// Workspace bytes for partial sums: two segments per CTA for the balanced split (only the first and the last tile
+// of a CTA's contiguous range can be partial), one tile per cluster where a tile has several clusters, none
+// otherwise.
 inline int64_t split_partial_bytes(const SplitInputs& in, const Split& sp) {
   if (sp.cluster > 1) return sp.groups > 1 ? static_cast<int64_t>(in.tiles) * sp.groups * in.tile_bytes : 0;
-  return sp.grid > in.tiles ? static_cast<int64_t>(sp.grid) * 2 * in.tile_bytes : 0;
+  return sp.grid != in.tiles ? static_cast<int64_t>(sp.grid) * 2 * in.tile_bytes : 0;
 }
 
 inline int64_t split_workspace_bytes(const SplitInputs& in, const Split& sp) {
   return split_partial_bytes(in, sp) + round_up(split_counters(in, sp) * 4, 256);
 }
 
-// The balanced split. Candidates: one CTA per tile (no partial sums), or g >= tiles CTAs over whole waves that cut
-// the tiles x ktiles units into equal contiguous ranges. Cost = waves x K tiles per CTA x t_tile, plus the fix-up of
-// a split (partials written, the last arriver reads them back). A forced count f runs tiles x f CTAs (at most one
-// per unit, within the workspace).
+// Fixed time of one wave of CTAs in the cost model: its first stage's loads and its epilogue (~4-5 us measured at
+// M = 128, docs/SM90_NOTES.md's timeline trace), paid again by every later wave.
+inline constexpr double kWaveSeconds = 4.0e-6;
+
+// The balanced split. Candidates: one CTA per tile (no partial sums); g > tiles CTAs over whole waves that cut the
+// tiles x ktiles units into equal contiguous ranges; and, where the tiles need more than one wave, one wave of
+// `sms` CTAs ("stream-K"): each range then holds whole tiles in its middle, stored directly, and at most two
+// partial ones, its first and its last, so two partial slots a CTA still suffice. Cost = waves x (K tiles per
+// CTA x t_tile + kWaveSeconds), plus the fix-up of a split (partials written, the last arriver reads them back).
+// A forced count f runs tiles x f CTAs (at most one per unit, within the workspace).
 inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   const int64_t total = static_cast<int64_t>(in.tiles) * in.ktiles;
   const int64_t slot_bytes = 2 * in.tile_bytes;
@@ -68,21 +76,25 @@ inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   }
   auto cost = [&](int64_t g) {
     const double waves = std::ceil(static_cast<double>(g) / in.sms);
-    double c = waves * std::ceil(static_cast<double>(total) / g) * in.t_tile;
-    if (g > in.tiles) c += 1.0e-6 + 1.5 * slot_bytes / 50e9;
+    double c = waves * (std::ceil(static_cast<double>(total) / g) * in.t_tile + kWaveSeconds);
+    if (g != in.tiles) c += 1.0e-6 + 1.5 * slot_bytes / 50e9;
     return c;
   };
   int64_t best = in.tiles;
   double best_cost = cost(in.tiles);
-  for (int64_t w = 1; w <= 8; ++w) {
-    const int64_t g = std::min<int64_t>(w * in.sms, total);
-    if (g <= in.tiles) continue;
-    if (g * slot_bytes > max_partial) break;
+  auto consider = [&](int64_t g) {
     const double c = cost(g);
     if (c < best_cost * 0.97) {
       best_cost = c;
       best = g;
     }
+  };
+  if (in.one_wave && in.tiles > in.sms && static_cast<int64_t>(in.sms) * slot_bytes <= max_partial) consider(in.sms);
+  for (int64_t w = 1; w <= 8; ++w) {
+    const int64_t g = std::min<int64_t>(w * in.sms, total);
+    if (g <= in.tiles) continue;
+    if (g * slot_bytes > max_partial) break;
+    consider(g);
   }
   sp.grid = static_cast<int>(best);
   if (cost_out) *cost_out = best_cost;
@@ -105,7 +117,7 @@ Split choose_split(const SplitInputs& in, Cap&& cap) {
       if (in.ktiles < 2 * slices || static_cast<int64_t>(in.tiles) * slices > in.sms) break;
       const Split c_sp{in.tiles * slices, size, groups};
       if (split_workspace_bytes(in, c_sp) > in.workspace_left) break;
-      double c = std::ceil(static_cast<double>(in.ktiles) / slices) * in.t_tile + 0.5e-6;
+      double c = std::ceil(static_cast<double>(in.ktiles) / slices) * in.t_tile + kWaveSeconds + 0.5e-6;
       if (groups > 1) c += 1.0e-6 + 1.5 * groups * static_cast<double>(in.tile_bytes) / size / 50e9;  // 1/S each
       if (c < best && static_cast<int64_t>(cap(size)) >= static_cast<int64_t>(in.tiles) * groups) {
         best = c;

@@ -67,6 +67,14 @@ void h100_shapes() {
   expect_split(h100(inputs(56, 16, 128, 128)), 112, 2, 1, "56 tiles x 16 K tiles");
   // gate_up at M = 128 (224 tiles): more tiles than SMs, no cluster.
   EXPECT(h100(inputs(224, 32, 128, 128)).cluster == 1, "224 tiles take a cluster");
+  // ... and one wave of 132 CTAs over its 224 tiles x 32 K tiles (54-55 K tiles a CTA), not two waves of whole
+  // tiles (64 a CTA's SM) nor two of 264 (56); the same for gate_up at M = 64 and at M = 512 (448 tiles).
+  expect_split(h100(inputs(224, 32, 128, 128)), 132, 1, 1, "gate_up, M = 128");
+  expect_split(h100(inputs(224, 16, 64, 256)), 132, 1, 1, "gate_up, M = 64");
+  expect_split(h100(inputs(448, 32, 256, 128)), 132, 1, 1, "gate_up, M = 512");
+  SplitInputs waves = inputs(224, 32, 128, 128);
+  waves.one_wave = false;  // NVFP4_GEMM_SM90_ONE_WAVE=0
+  EXPECT(h100(waves).grid >= 224 && h100(waves).cluster == 1, "one wave off: grid %d", h100(waves).grid);
   // Without clusters allowed (NVFP4_GEMM_SM90_CLUSTER=0, or a config of two CTAs per SM), or with a forced split
   // count, the balanced split.
   SplitInputs off = inputs(32, 56, 128, 128);
@@ -86,7 +94,7 @@ void h100_shapes() {
 // functions agree with the split.
 void sweep() {
   const int configs[][2] = {{8, 256}, {16, 256}, {32, 256}, {64, 256}, {128, 128}, {256, 128}};
-  int checked = 0, clustered = 0, grouped = 0;
+  int checked = 0, clustered = 0, grouped = 0, one_wave = 0;
   for (int sms : {132, 114, 78, 16}) {
     for (const auto& c : configs) {
       for (int tiles = 1; tiles <= 300; tiles += (tiles < 40 ? 1 : 7)) {
@@ -98,7 +106,10 @@ void sweep() {
               return capset == 0 ? kH100Caps[s] * sms / 132 : sms / s;  // the H100's shape scaled, or every SM
             });
             ++checked;
-            EXPECT(sp.grid >= tiles, "grid %d < tiles %d", sp.grid, tiles);
+            // Fewer CTAs than tiles only as one wave over more tiles than it holds (each range then longer than a
+            // tile, so no tile has more than two contributors and no CTA more than two partial tiles).
+            EXPECT(sp.grid >= tiles || (sp.grid == sms && tiles > sms), "grid %d < tiles %d (sms %d)", sp.grid, tiles,
+                   sms);
             EXPECT(split_workspace_bytes(in, sp) <= in.workspace_left || (sp.cluster == 1 && sp.grid == tiles),
                    "tiles %d ktiles %d: workspace %lld > %lld", tiles, ktiles,
                    static_cast<long long>(split_workspace_bytes(in, sp)), static_cast<long long>(in.workspace_left));
@@ -119,15 +130,21 @@ void sweep() {
             } else {
               EXPECT(sp.groups == 1, "groups %d without a cluster", sp.groups);
               EXPECT(sp.grid <= static_cast<int64_t>(tiles) * ktiles, "grid %d > %d units", sp.grid, tiles * ktiles);
-              EXPECT(split_counters(in, sp) == (sp.grid > tiles ? tiles : 0), "counters");
+              EXPECT(split_counters(in, sp) == (sp.grid != tiles ? tiles : 0), "counters");
+              EXPECT((split_partial_bytes(in, sp) == 0) == (sp.grid == tiles), "grid %d, tiles %d, partial bytes %lld",
+                     sp.grid, tiles, static_cast<long long>(split_partial_bytes(in, sp)));
+              one_wave += sp.grid < tiles;
             }
           }
         }
       }
     }
   }
-  EXPECT(clustered > 1000 && grouped > 100, "the sweep reached %d cluster splits, %d with groups", clustered, grouped);
-  std::printf("sweep: %d plans, %d cluster splits, %d with several clusters a tile\n", checked, clustered, grouped);
+  EXPECT(clustered > 1000 && grouped > 100 && one_wave > 100,
+         "the sweep reached %d cluster splits, %d with groups, %d one-wave splits over more tiles", clustered, grouped,
+         one_wave);
+  std::printf("sweep: %d plans, %d cluster splits, %d with several clusters a tile, %d one wave over more tiles\n",
+              checked, clustered, grouped, one_wave);
 }
 
 }  // namespace
