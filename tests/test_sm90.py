@@ -193,6 +193,48 @@ def test_one_wave_over_more_tiles(force_splits):
     assert differs, "the one-wave split gave the unsplit bits on every shape: did it run?"
 
 
+_EPILOGUE_CHECK = """
+import sys, torch, nvfp4_gemm
+sys.path.insert(0, {tests!r})
+from test_sm90 import _gpu_inputs, _check_gpu
+outs = []
+for i, (m, n, k, dt) in enumerate({cases!r}):
+    inputs = _gpu_inputs(m, n, k, out_dtype=getattr(torch, dt), alpha=-0.75, seed=80 + i)
+    out = nvfp4_gemm.mm(**inputs)
+    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}}, seed {{80 + i}}, {env!r}")
+    outs.append(out.cpu())
+torch.save(outs, {path!r})
+"""
+
+
+def test_epilogue_variants_are_bitwise_equal(tmp_path):
+    """The wgmma kernel's output paths give the same bits: a tile staged in shared memory and copied out with
+    16-byte stores, or stored quad by quad (NVFP4_GEMM_SM90_STAGED_C=0); a split tile's last contributor summing
+    from its accumulators when it finds the others counted, or publishing and reading back its own partial sums
+    (NVFP4_GEMM_SM90_EARLY_LAST=0). Shapes: whole tiles at 64 tokens (fp16, bf16, float32), the balanced split at
+    128 tokens, the one-wave split over more tiles than SMs, 256 tokens with M and N ragged."""
+    import subprocess
+    import sys
+
+    cases = [(64, 1024, 1024, "float16"), (64, 1024, 1024, "bfloat16"), (64, 1024, 1024, "float32"),
+             (128, 6144, 4096, "float16"), (128, 28672, 1024, "bfloat16"), (200, 1032, 2080, "float16"),
+             (200, 1032, 2080, "float32")]
+    results = {}
+    for staged, early in (("1", "1"), ("0", "1"), ("1", "0")):
+        env_vars = {"NVFP4_GEMM_SM90_STAGED_C": staged, "NVFP4_GEMM_SM90_EARLY_LAST": early}
+        path = str(tmp_path / f"epilogue_{staged}{early}.pt")
+        code = _EPILOGUE_CHECK.format(tests=os.path.dirname(__file__), cases=cases, env=env_vars, path=path)
+        env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90", **env_vars)
+        env.pop("NVFP4_GEMM_CONFIG", None)
+        env.pop("NVFP4_GEMM_SM90_SPLITS", None)
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        results[staged + early] = torch.load(path)
+    for key in ("01", "10"):
+        for case, got, want in zip(cases, results[key], results["11"]):
+            assert torch.equal(got, want), f"{case}: staged/early {key} differs from 11"
+
+
 def test_decode_exact_for_extreme_scales():
     """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):
