@@ -27,10 +27,12 @@
 //    byte per row per 64 K. The prepass writes A_dec in the matching order (permuted_k below, and
 //    decode_a_kernel, which builds it from the same decode_word outputs).
 //
-// K splits (backend.cu choose_split): where the tiles do not fill the SMs, each tile's K is split. Either the grid
-// is cut into equal contiguous ranges of (tile, K tile) units whose partial sums meet in the workspace (the last
-// arriver of a tile reads them all), or a tile's K slices run on the CTAs of one thread-block cluster and meet in
-// distributed shared memory (GemmParams::cluster). Both sum in a fixed order: bitwise the same on every call.
+// K splits (split_plan.h choose_split): where the tiles do not fill the SMs, or fill more than one wave, each tile's
+// K is split. Either the grid is cut into equal contiguous ranges of (tile, K tile) units whose partial sums meet in
+// the workspace (the last arriver of a tile reads them all; with more tiles than SMs, one wave of CTAs whose ranges
+// hold whole tiles between a partial first and last one), or a tile's K slices run on the CTAs of one or more
+// thread-block clusters and meet in distributed shared memory (GemmParams::cluster, cluster_groups). All sum in a
+// fixed order: bitwise the same on every call.
 #pragma once
 
 #include <cuda.h>
