@@ -58,6 +58,10 @@
 #include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
 
+#ifndef NVFP4_SM90_KEEP_OFFSETS
+#define NVFP4_SM90_KEEP_OFFSETS 1
+#endif
+
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
@@ -392,6 +396,18 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int bx1 = (KT == 128 ? ((row1 >> 1) & 3) : (row1 & 7)) ^ (q / 2);
   const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
   const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
+  // The byte offsets of block j's 8-byte groups inside a stage, once: 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2)
+  // of the row, XORed with the swizzle bits (bx holds both). Kept in registers so that the first block of each
+  // stage does not rebuild them from the thread index (the compiler did, ~20 instructions a stage).
+  uint32_t boff0[kNB], boff1[kNB];
+#pragma unroll
+  for (int j = 0; j < kNB; ++j) {
+    boff0[j] = brow0 + (((2 * j) ^ bx0) << 4);
+    boff1[j] = brow1 + (((2 * j) ^ bx1) << 4);
+    // Opaque to the compiler, so kept in registers rather than rebuilt (NVFP4_SM90_KEEP_OFFSETS=0 in
+    // NVFP4_GEMM_DEFINES builds the old way, for an A/B build).
+    if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
+  }
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   using Dec = BDecode<E>;
 
@@ -402,9 +418,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
   auto decode = [&](uint32_t(&fr)[16], int s, int j) {
     const uint8_t* st = smem + s * kStage;
-    // 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2) of the row, XORed with the swizzle bits; bx holds both.
-    const uint2 w0 = *reinterpret_cast<const uint2*>(st + brow0 + (((2 * j) ^ bx0) << 4));
-    const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
+    const uint2 w0 = *reinterpret_cast<const uint2*>(st + boff0[j]);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(st + boff1[j]);
     const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
                         static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const uint32_t s2 = Dec::scales(sc);
