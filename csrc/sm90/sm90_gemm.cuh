@@ -49,6 +49,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "common/pdl.h"
@@ -497,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
           for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
           if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
-          if (blk + 1 < nblk) {
+          if (blk + 1 < kNB && blk + 1 < nblk) {
             decode(nxt, s, blk + 1);
           } else if (j + 1 < n_kt) {
             Barrier::wait(&full_bar[s_next], phase_next);
@@ -573,12 +574,14 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread)): staged in the segment's
     // last stage and copied out with 16-byte stores where C allows it (GemmParams::staged_c) and the tile fits the
     // stage, else stored quad by quad.
-    auto output_as = [&](auto tag, auto&& quads) {
+    // `synced`: both warpgroups have passed a consumer barrier since their last wgmma (the split paths have), so
+    // the stage may be written without another one.
+    auto output_as = [&](auto tag, bool synced, auto&& quads) {
       using T = decltype(tag);
       uint8_t* const staged = smem + s_last * kStage;
       const bool stage = TOKENS * staged_row_bytes<T>() <= kStage && p.staged_c;
       // Both warpgroups' last wgmma have read the stage before either writes into it.
-      if (stage) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+      if (stage && !synced) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
       quads([&](int x, float4 v) {
         if (stage)
           stage_quad<T>(staged, row0, 8 * x + 2 * q, v, scale);
@@ -588,21 +591,23 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       if (stage) {
         cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the whole tile is staged
         store_staged<T>(p, staged, TOKENS, tile_t * TOKENS, tile_w * kTileW, t, 256);
+        // The producer's TMA will write this stage next (async proxy) after these generic-proxy writes and reads.
+        cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the stage is released
       }
     };
-    auto output = [&](auto&& quads) {
+    auto output = [&](bool synced, auto&& quads) {
       switch (p.out_dtype) {
-        case OutDtype::kFloat16: output_as(__half{}, quads); break;
-        case OutDtype::kBFloat16: output_as(__nv_bfloat16{}, quads); break;
-        default: output_as(float{}, quads); break;
+        case OutDtype::kFloat16: output_as(__half{}, synced, quads); break;
+        case OutDtype::kBFloat16: output_as(__nv_bfloat16{}, synced, quads); break;
+        default: output_as(float{}, synced, quads); break;
       }
     };
     auto own_quad = [&](int x) {
       return make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
     };
     if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
-      output([&](auto&& put) {
+      output(false, [&](auto&& put) {
 #pragma unroll
         for (int x = 0; x < TOKENS / 8; ++x) put(x, own_quad(x));
       });
@@ -614,11 +619,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
     const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
     const uint32_t others = static_cast<uint32_t>(c_last - c_first);
-    // Last already? Where every other contributor has counted (typically at a range's end: its last tile's other
-    // part ran first, as the next CTA's first segment), this CTA sums the tile without publishing its own partial
-    // sums and reading them back (GemmParams::early_last).
+    // Last already? Where every other contributor has counted, this CTA sums the tile without publishing its own
+    // partial sums and reading them back (GemmParams::early_last). Asked only where the segment ends the CTA's range:
+    // a range's first tile was begun by the CTA before, which reaches it last, at the end of its own range.
     bool early = false;
-    if (p.early_last) {
+    if (p.early_last && u == u_end) {
       cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // every thread has read last_flag's previous value
       if (t == 0) last_flag = atomicAdd(&p.counters[tile], 0u) == others;
       cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
@@ -638,40 +643,45 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       }
     }
     if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
-    // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
-    // quad and contributor: ~20 us at 128 tokens). A published partial of our own is read back like the others,
-    // which frees the accumulators for the loads; an unpublished one (early) comes from the accumulators.
     const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
     // CTA c_first holds the tile's first units in its second slot (the tile ends its range) unless its range
     // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
-    auto partial = [&](int c, int x) {
-      if (early && c == cta) return own_quad(x);
-      return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
-                                                                            (TOKENS / 8) * 256 + t + x * 256);
-    };
-    // Quads summed per round: 16 contributors' float4s in flight, 8 at 256 tokens, where the accumulators an early
-    // last arriver still holds (128 registers) leave room for no more.
-    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : (TOKENS >= 256 ? 8 : 16);
-    output([&](auto&& put) {
+    // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (v3
+    // waited one L2 round trip per quad and contributor: ~20 us at 128 tokens). An early last arriver takes its own part from the accumulators (which stay live: 8 quads a round at 256 tokens,
+    // where 16 do not fit beside them); otherwise every part is read back, its own included, which frees them.
+    auto sum_tile = [&](auto early_tag) {
+      constexpr bool kEarly = decltype(early_tag)::value;
+      constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : (kEarly && TOKENS >= 256 ? 8 : 16);
+      auto partial = [&](int c, int x) {
+        if (kEarly && c == cta) return own_quad(x);
+        return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
+                                                                              (TOKENS / 8) * 256 + t + x * 256);
+      };
+      output(true, [&](auto&& put) {
 #pragma unroll
-      for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
-        float4 sum[kChunk];
+        for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
+          float4 sum[kChunk];
 #pragma unroll
-        for (int x = 0; x < kChunk; ++x) sum[x] = partial(c_first, x0 + x);
-        for (int c = c_first + 1; c <= c_last; ++c) {
-          float4 v[kChunk];
+          for (int x = 0; x < kChunk; ++x) sum[x] = partial(c_first, x0 + x);
+          for (int c = c_first + 1; c <= c_last; ++c) {
+            float4 v[kChunk];
 #pragma unroll
-          for (int x = 0; x < kChunk; ++x) v[x] = partial(c, x0 + x);
+            for (int x = 0; x < kChunk; ++x) v[x] = partial(c, x0 + x);
 #pragma unroll
-          for (int x = 0; x < kChunk; ++x) {
-            sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+            for (int x = 0; x < kChunk; ++x) {
+              sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+            }
           }
-        }
 #pragma unroll
-        for (int x = 0; x < kChunk; ++x) put(x0 + x, sum[x]);
-      }
-    });
+          for (int x = 0; x < kChunk; ++x) put(x0 + x, sum[x]);
+        }
+      });
+    };
+    if (early)
+      sum_tile(std::true_type{});
+    else
+      sum_tile(std::false_type{});
     release(s_last);
     if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
   }
