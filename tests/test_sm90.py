@@ -193,6 +193,61 @@ def test_one_wave_over_more_tiles(force_splits):
     assert differs, "the one-wave split gave the unsplit bits on every shape: did it run?"
 
 
+_EPILOGUE_CHECK = """
+import os, sys, torch, nvfp4_gemm
+sys.path.insert(0, {tests!r})
+from test_sm90 import _gpu_inputs, _check_gpu
+outs = []
+for i, (m, n, k, dt, cfg) in enumerate({cases!r}):
+    if cfg:
+        os.environ["NVFP4_GEMM_CONFIG"] = cfg
+    else:
+        os.environ.pop("NVFP4_GEMM_CONFIG", None)
+    inputs = _gpu_inputs(m, n, k, out_dtype=getattr(torch, dt), alpha=-0.75, seed=80 + i)
+    out = nvfp4_gemm.mm(**inputs)
+    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}} {{cfg}}, seed {{80 + i}}, {env!r}")
+    outs.append(out.cpu())
+torch.save(outs, {path!r})
+"""
+
+
+def test_epilogue_variants_are_bitwise_equal(tmp_path):
+    """The wgmma kernel's output paths give the same bits: a tile staged in shared memory and copied out with
+    16-byte stores, or stored quad by quad (NVFP4_GEMM_SM90_STAGED_C=0); a split tile's last contributor summing
+    from its accumulators when it finds the others counted, or publishing and reading back its own partial sums
+    (NVFP4_GEMM_SM90_EARLY_LAST=0). Whole tiles (one split forced) on every token tile's config, float32 staged at
+    32 and 64 tokens and stored quad by quad at 128 / 256; split tiles with the cluster split off: the balanced split
+    (48 tiles), one wave over 224 tiles, 256 tokens with M and N ragged."""
+    import subprocess
+    import sys
+
+    t = {n: next(c for c in _configs() if f"xt{n}xk" in c and "_b1_" in c) for n in (32, 64, 128, 256)}
+    whole = [(32, 1024, 1024, "float32", t[32]), (64, 1024, 1024, "bfloat16", t[64]),
+             (64, 1024, 1024, "float32", t[64]), (128, 1024, 2048, "float16", t[128]),
+             (128, 1024, 2048, "float32", t[128]), (200, 1032, 2080, "float16", t[256])]
+    split = [(128, 6144, 4096, "float16", ""), (128, 28672, 1024, "bfloat16", ""), (200, 1032, 2080, "float16", ""),
+             (200, 1032, 2080, "float32", "")]
+    results = {}
+    for group, cases, extra in (("whole", whole, {"NVFP4_GEMM_SM90_SPLITS": "1"}),
+                                ("split", split, {"NVFP4_GEMM_SM90_CLUSTER": "0"})):
+        for staged, early in (("1", "1"), ("0", "1"), ("1", "0")):
+            env_vars = dict(extra, NVFP4_GEMM_SM90_STAGED_C=staged, NVFP4_GEMM_SM90_EARLY_LAST=early)
+            path = str(tmp_path / f"epilogue_{group}_{staged}{early}.pt")
+            code = _EPILOGUE_CHECK.format(tests=os.path.dirname(__file__), cases=cases, env=env_vars, path=path)
+            env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90", **env_vars)
+            env.pop("NVFP4_GEMM_CONFIG", None)
+            if group == "split":
+                env.pop("NVFP4_GEMM_SM90_SPLITS", None)
+            run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stderr[-3000:]
+            results[group, staged + early] = (cases, torch.load(path))
+    for group in ("whole", "split"):
+        cases, want = results[group, "11"]
+        for key in ("01", "10"):
+            for case, got, ref in zip(cases, results[group, key][1], want):
+                assert torch.equal(got, ref), f"{group} {case}: staged/early {key} differs from 11"
+
+
 def test_decode_exact_for_extreme_scales():
     """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):

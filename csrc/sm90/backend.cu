@@ -159,22 +159,32 @@ double k_tile_seconds(int tokens, int kt, int sms) {
 
 int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int>(ceil_div(rows, pl.tokens)); }
 
-// Experiments: NVFP4_GEMM_SM90_CLUSTER=0 turns the cluster split off, for A/B runs in one build. Read once.
+// Experiment switches, each read once per process: set to 0, they turn a part of the wgmma kernel's plan off for
+// A/B runs in one build.
+//  - NVFP4_GEMM_SM90_CLUSTER=0: no split over a thread-block cluster, only through global memory;
+//  - NVFP4_GEMM_SM90_ONE_WAVE=0: grids of at least one CTA per tile (no one wave over more tiles than SMs);
+//  - NVFP4_GEMM_SM90_STAGED_C=0: the output stored quad by quad instead of each tile staged in shared memory for
+//    16-byte stores (GemmParams::staged_c);
+//  - NVFP4_GEMM_SM90_EARLY_LAST=0: every contributor of a split tile publishes its partial sums, even one that finds
+//    itself last (GemmParams::early_last).
+bool env_not_zero(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && env[0] == '0');
+}
 bool cluster_split_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_CLUSTER");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_not_zero("NVFP4_GEMM_SM90_CLUSTER");
   return on;
 }
-
-// Experiments: NVFP4_GEMM_SM90_ONE_WAVE=0 keeps grids of at least one CTA per tile (no one-wave split over more
-// tiles than SMs), for A/B runs in one build. Read once.
 bool one_wave_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_ONE_WAVE");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_not_zero("NVFP4_GEMM_SM90_ONE_WAVE");
+  return on;
+}
+bool staged_c_enabled() {
+  static const bool on = env_not_zero("NVFP4_GEMM_SM90_STAGED_C");
+  return on;
+}
+bool early_last_enabled() {
+  static const bool on = env_not_zero("NVFP4_GEMM_SM90_EARLY_LAST");
   return on;
 }
 
@@ -1105,6 +1115,9 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
       return false;
     }
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
+    // 16-byte stores of staged rows: every row of C starts 16-byte aligned.
+    gp.staged_c = staged_c_enabled() && reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
+    gp.early_last = early_last_enabled();
     gp.m = static_cast<int>(rows);
     if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)

@@ -49,6 +49,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "common/pdl.h"
@@ -57,6 +58,10 @@
 #include "sm90/per_device.h"
 #include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
+
+#ifndef NVFP4_SM90_KEEP_OFFSETS
+#define NVFP4_SM90_KEEP_OFFSETS 1
+#endif
 
 namespace nvfp4_gemm::sm90 {
 
@@ -105,6 +110,9 @@ struct GemmParams {
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
   float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
   OutDtype out_dtype;
+  int staged_c;           // 1: c and ldc allow 16-byte stores, so a whole tile may be staged in shared memory first
+  int early_last;         // 1: a CTA that finds every other contributor of a split tile counted sums it without
+                          // publishing its own partial sums first
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
 };
 
@@ -189,6 +197,47 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
     case OutDtype::kFloat16: store_quad_as<__half>(p, n0, m0, v, scale); break;
     case OutDtype::kBFloat16: store_quad_as<__nv_bfloat16>(p, n0, m0, v, scale); break;
     default: store_quad_as<float>(p, n0, m0, v, scale); break;
+  }
+}
+
+// A tile of C staged in shared memory (the segment's last pipeline stage, released only after it): TOKENS rows of
+// 128 values of T, each row padded by 16 bytes so that the quads of a warp's stores fall in distinct banks.
+template <typename T>
+__host__ __device__ constexpr int staged_row_bytes() { return 128 * static_cast<int>(sizeof(T)) + 16; }
+
+// Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile, tile-local; tokens m0, m0+1) into the
+// staged tile.
+template <typename T>
+__device__ __forceinline__ void stage_quad(uint8_t* tile, int n0, int m0, float4 v, float scale) {
+  constexpr int kRow = staged_row_bytes<T>();
+  T* r0 = reinterpret_cast<T*>(tile + m0 * kRow);
+  T* r1 = reinterpret_cast<T*>(tile + (m0 + 1) * kRow);
+  r0[n0] = convert_out<T>(v.x * scale);
+  r1[n0] = convert_out<T>(v.y * scale);
+  r0[n0 + 8] = convert_out<T>(v.z * scale);
+  r1[n0 + 8] = convert_out<T>(v.w * scale);
+}
+
+// Copies the staged tile to C rows m_base.. and columns n_base.. with 16-byte stores (the consumers' threads, t of
+// `consumers`), element by element where a 16-byte chunk crosses C's edge.
+template <typename T>
+__device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t* tile, int rows, int m_base, int n_base,
+                                             int t, int consumers) {
+  constexpr int kRow = staged_row_bytes<T>();
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // values per chunk
+  constexpr int kChunks = 128 / kPer;                     // chunks per row
+  for (int c = t; c < rows * kChunks; c += consumers) {
+    const int m = c / kChunks, k = c % kChunks;
+    const int gm = m_base + m, gn = n_base + k * kPer;
+    if (gm >= p.m || gn >= p.n) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + m * kRow + k * 16);
+    T* dst = reinterpret_cast<T*>(p.c) + static_cast<int64_t>(gm) * p.ldc + gn;
+    if (gn + kPer <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const T* src = reinterpret_cast<const T*>(&v);
+      for (int e = 0; e < kPer && gn + e < p.n; ++e) dst[e] = src[e];
+    }
   }
 }
 
@@ -348,6 +397,18 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int bx1 = (KT == 128 ? ((row1 >> 1) & 3) : (row1 & 7)) ^ (q / 2);
   const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
   const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
+  // The byte offsets of block j's 8-byte groups inside a stage, once: 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2)
+  // of the row, XORed with the swizzle bits (bx holds both). Kept in registers so that the first block of each
+  // stage does not rebuild them from the thread index (the compiler did, ~20 instructions a stage).
+  uint32_t boff0[kNB], boff1[kNB];
+#pragma unroll
+  for (int j = 0; j < kNB; ++j) {
+    boff0[j] = brow0 + (((2 * j) ^ bx0) << 4);
+    boff1[j] = brow1 + (((2 * j) ^ bx1) << 4);
+    // Opaque to the compiler, so kept in registers rather than rebuilt (NVFP4_SM90_KEEP_OFFSETS=0 in
+    // NVFP4_GEMM_DEFINES builds the old way, for an A/B build).
+    if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
+  }
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   using Dec = BDecode<E>;
 
@@ -358,9 +419,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
   auto decode = [&](uint32_t(&fr)[16], int s, int j) {
     const uint8_t* st = smem + s * kStage;
-    // 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2) of the row, XORed with the swizzle bits; bx holds both.
-    const uint2 w0 = *reinterpret_cast<const uint2*>(st + brow0 + (((2 * j) ^ bx0) << 4));
-    const uint2 w1 = *reinterpret_cast<const uint2*>(st + brow1 + (((2 * j) ^ bx1) << 4));
+    const uint2 w0 = *reinterpret_cast<const uint2*>(st + boff0[j]);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(st + boff1[j]);
     const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
                         static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const uint32_t s2 = Dec::scales(sc);
@@ -438,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
           for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
           if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
-          if (blk + 1 < nblk) {
+          if (blk + 1 < kNB && blk + 1 < nblk) {
             decode(nxt, s, blk + 1);
           } else if (j + 1 < n_kt) {
             Barrier::wait(&full_bar[s_next], phase_next);
@@ -451,7 +511,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     }
     cute::warpgroup_wait<0>();
     fence_acc();
-    release(s == 0 ? STAGES - 1 : s - 1);
+    // The segment's last stage: released once the epilogue no longer needs it (it may stage the output tile
+    // there); the producer meanwhile fills the others.
+    const int s_last = s == 0 ? STAGES - 1 : s - 1;
     if (trace && seg < 2) {
       trace_at(trace, cta, 4 + 3 * seg, global_ns());
       trace_info = (trace_info & ~uint64_t{0xFF}) | static_cast<uint64_t>(seg + 1);
@@ -465,6 +527,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
     if (p.cluster > 1) {
+      release(s_last);
       // The S CTAs of this cluster ran S consecutive K slices of the tile. Each stages its sums in its own (now
       // idle) pipeline stages in accumulator order, then CTA r sums token rows [r X / S, (r + 1) X / S) of the
       // tile, X = TOKENS / 8 float4 rows, over the S CTAs in rank order (the same result on every call). With one
@@ -508,56 +571,118 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     }
 
     const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
-    const int n0 = tile_w * kTileW + row0;
+    // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread)): staged in the segment's
+    // last stage and copied out with 16-byte stores where C allows it (GemmParams::staged_c) and the tile fits the
+    // stage, else stored quad by quad.
+    // `synced`: both warpgroups have passed a consumer barrier since their last wgmma (the split paths have), so
+    // the stage may be written without another one.
+    auto output_as = [&](auto tag, bool synced, auto&& quads) {
+      using T = decltype(tag);
+      uint8_t* const staged = smem + s_last * kStage;
+      const bool stage = TOKENS * staged_row_bytes<T>() <= kStage && p.staged_c;
+      // Both warpgroups' last wgmma have read the stage before either writes into it.
+      if (stage && !synced) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+      quads([&](int x, float4 v) {
+        if (stage)
+          stage_quad<T>(staged, row0, 8 * x + 2 * q, v, scale);
+        else
+          store_quad_as<T>(p, tile_w * kTileW + row0, tile_t * TOKENS + 8 * x + 2 * q, v, scale);
+      });
+      if (stage) {
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the whole tile is staged
+        store_staged<T>(p, staged, TOKENS, tile_t * TOKENS, tile_w * kTileW, t, 256);
+        // The producer's TMA will write this stage next (async proxy) after these generic-proxy writes and reads.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the stage is released
+      }
+    };
+    auto output = [&](bool synced, auto&& quads) {
+      switch (p.out_dtype) {
+        case OutDtype::kFloat16: output_as(__half{}, synced, quads); break;
+        case OutDtype::kBFloat16: output_as(__nv_bfloat16{}, synced, quads); break;
+        default: output_as(float{}, synced, quads); break;
+      }
+    };
+    auto own_quad = [&](int x) {
+      return make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
+    };
     if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
+      output(false, [&](auto&& put) {
 #pragma unroll
-      for (int x = 0; x < TOKENS / 8; ++x)
-        store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q,
-                   make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]), scale);
+        for (int x = 0; x < TOKENS / 8; ++x) put(x, own_quad(x));
+      });
+      release(s_last);
       if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
-    // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
-    // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
-    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
-#pragma unroll
-    for (int x = 0; x < TOKENS / 8; ++x)
-      __stcg(mine + x * 256, make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]));
     const int64_t first_u = static_cast<int64_t>(tile) * p.ktiles;
     const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
     const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
-    if (!last_to_arrive(&p.counters[tile], static_cast<uint32_t>(c_last - c_first), t, last_flag)) {
-      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
-      continue;
+    const uint32_t others = static_cast<uint32_t>(c_last - c_first);
+    // Last already? Where every other contributor has counted, this CTA sums the tile without publishing its own
+    // partial sums and reading them back (GemmParams::early_last). Asked only where the segment ends the CTA's range:
+    // a range's first tile was begun by the CTA before, which reaches it last, at the end of its own range.
+    bool early = false;
+    if (p.early_last && u == u_end) {
+      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // every thread has read last_flag's previous value
+      if (t == 0) last_flag = atomicAdd(&p.counters[tile], 0u) == others;
+      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+      early = last_flag;
+      if (early) __threadfence();  // as last_to_arrive's last arriver, before reading the others' partials
+    }
+    if (!early) {
+      // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
+      // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
+      float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
+#pragma unroll
+      for (int x = 0; x < TOKENS / 8; ++x) __stcg(mine + x * 256, own_quad(x));
+      if (!last_to_arrive(&p.counters[tile], others, t, last_flag)) {
+        release(s_last);
+        if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
+        continue;
+      }
     }
     if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
-    // Sum in CTA order, every quad of one contributor in flight at once (v3 waited one L2 round trip per
-    // quad and contributor: ~20 us at 128 tokens). Our own partial is read back like the others, which
-    // frees the accumulators for the loads.
     const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
     // CTA c_first holds the tile's first units in its second slot (the tile ends its range) unless its range
     // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
-    const float4* src0 = p.partial + (static_cast<int64_t>(c_first) * 2 + first_slot) * (TOKENS / 8) * 256 + t;
-    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
+    // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (v3
+    // waited one L2 round trip per quad and contributor: ~20 us at 128 tokens). An early last arriver takes its own part from the accumulators (which stay live: 8 quads a round at 256 tokens,
+    // where 16 do not fit beside them); otherwise every part is read back, its own included, which frees them.
+    auto sum_tile = [&](auto early_tag) {
+      constexpr bool kEarly = decltype(early_tag)::value;
+      constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : (kEarly && TOKENS >= 256 ? 8 : 16);
+      auto partial = [&](int c, int x) {
+        if (kEarly && c == cta) return own_quad(x);
+        return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
+                                                                              (TOKENS / 8) * 256 + t + x * 256);
+      };
+      output(true, [&](auto&& put) {
 #pragma unroll
-    for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
-      float4 sum[kChunk];
+        for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
+          float4 sum[kChunk];
 #pragma unroll
-      for (int x = 0; x < kChunk; ++x) sum[x] = __ldcg(src0 + (x0 + x) * 256);
-      for (int c = c_first + 1; c <= c_last; ++c) {
-        const float4* src = p.partial + static_cast<int64_t>(c) * slot_stride + t;
-        float4 v[kChunk];
+          for (int x = 0; x < kChunk; ++x) sum[x] = partial(c_first, x0 + x);
+          for (int c = c_first + 1; c <= c_last; ++c) {
+            float4 v[kChunk];
 #pragma unroll
-        for (int x = 0; x < kChunk; ++x) v[x] = __ldcg(src + (x0 + x) * 256);
+            for (int x = 0; x < kChunk; ++x) v[x] = partial(c, x0 + x);
 #pragma unroll
-        for (int x = 0; x < kChunk; ++x) {
-          sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+            for (int x = 0; x < kChunk; ++x) {
+              sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+            }
+          }
+#pragma unroll
+          for (int x = 0; x < kChunk; ++x) put(x0 + x, sum[x]);
         }
-      }
-#pragma unroll
-      for (int x = 0; x < kChunk; ++x) store_quad(p, n0, tile_t * TOKENS + 8 * (x0 + x) + 2 * q, sum[x], scale);
-    }
+      });
+    };
+    if (early)
+      sum_tile(std::true_type{});
+    else
+      sum_tile(std::false_type{});
+    release(s_last);
     if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
   }
 }
