@@ -220,3 +220,29 @@ def test_torch_compile_fullgraph_weight_only_and_out(backend):
     eager = nvfp4_gemm.mm(inputs["a"], inputs["b"], None, inputs["sfb"], inputs["alpha"], F32)
     assert torch.equal(out, eager)
     assert torch.equal(doubled, eager * 2.0)
+
+
+def test_generic_path_in_l2_sized_chunks(monkeypatch):
+    """The generic CUDA path decodes B in chunks of 128-row blocks whose 16-bit copy takes a third of the L2
+    (mm_cuda.cpp, generic_chunk_rows): B two chunks and a ragged third long, K/16 % 4 != 0, W4A4 and the
+    weight-only form, directly written outputs and the fp32-then-round path (bf16 activations, fp16 out), against
+    SPEC.md's bound; the output poisoned first, so a chunk left unwritten fails."""
+    from conftest import backend_skip_reason
+
+    reason = backend_skip_reason("generic")
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "generic")
+    k = 2080
+    rows = torch.cuda.get_device_properties(0).L2_cache_size // 3 // (k * 2) // 128 * 128
+    n = 2 * rows + 136
+    for case in (Case(5, n, k, F16), Case(3, n, k, F32, alpha=-0.5), Case(130, n, k, BF16)):
+        inputs = make_inputs(case, "cuda", seed=zlib.crc32(case.id.encode()))
+        out = torch.full((case.m, n), float("nan"), dtype=case.out_dtype, device="cuda")
+        nvfp4_gemm.mm(**inputs, out=out)
+        Reference(inputs, device="cpu").check(out.cpu(), f"generic chunks, {case.id}")
+    for wcase in (WCase(4, n, k, F16), WCase(6, n, k, BF16, F16, alpha=2.0)):
+        inputs = make_weight_only(wcase, "cuda")
+        out = torch.full((wcase.m, n), float("nan"), dtype=wcase.out_dtype or wcase.a_dtype, device="cuda")
+        nvfp4_gemm.mm(**inputs, out=out)
+        assert_within_spec(out, inputs)
