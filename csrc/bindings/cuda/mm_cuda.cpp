@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -134,21 +135,28 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
 // ---------------------------------------------------------------------------------------------------
 // The generic path: decode to exact 16-bit (or fp32) operands, then cuBLAS.
 //
-// B is decoded and multiplied in chunks of whole 128-row blocks (a chunk's scales are then a blocked layout of
-// their own, at a fixed offset) whose decoded copy takes about a third of the L2: the GEMM reads each chunk while it
-// is still in L2, and the next chunk's decode overwrites the same buffer there, so the 16-bit weights mostly stay
-// out of HBM (where one decode of all of B writes them there and the GEMM reads them back: at M = 2048 that traffic
-// is what makes a prefill slower than fp16's). B that fits one chunk is decoded at once.
-// NVFP4_GEMM_GENERIC_CHUNKS=0 (read once per process) decodes all of B at once, for A/B runs.
-int64_t generic_chunk_rows(int64_t n, int64_t k, int64_t elem_bytes, int device) {
+// B is decoded and multiplied in chunks of whole 128-row blocks (a chunk's scales are then a blocked layout of their
+// own, at a fixed offset) whose decoded copy takes at most a third of the L2: the GEMM reads each chunk while it is
+// still in L2, and the next chunk's decode overwrites the same buffer there, so the 16-bit weights mostly stay out
+// of HBM (one decode of all of B writes them there and the GEMM reads them back: at M = 2048 that traffic is what
+// makes a prefill slower than fp16's). Every chunk's GEMM reads all of A again, so chunks are used only where A and
+// one chunk fit in ~80% of the L2 together, and only for chunks of >= 1024 rows (a GEMM of fewer columns fills the
+// SMs poorly, and small-L2 GPUs would launch hundreds): otherwise all of B is decoded at once, as before. The chunks
+// are balanced (no sliver at the end). NVFP4_GEMM_GENERIC_CHUNKS=0 (read once per process) always decodes all of B
+// at once, for A/B runs.
+int64_t generic_chunk_rows(int64_t m, int64_t n, int64_t k, int64_t a_elem_bytes, int64_t b_elem_bytes, int device) {
   static const bool on = [] {
     const char* env = std::getenv("NVFP4_GEMM_GENERIC_CHUNKS");
     return !(env && env[0] == '0');
   }();
   if (!on) return n;
   const int64_t l2 = at::cuda::getDeviceProperties(device)->l2CacheSize;
-  const int64_t rows = l2 / 3 / (k * elem_bytes) / kSfAtomRows * kSfAtomRows;
-  return rows >= kSfAtomRows && rows < n ? rows : n;
+  const int64_t budget = std::min(l2 / 3, l2 * 4 / 5 - m * k * a_elem_bytes);
+  if (budget <= 0) return n;
+  const int64_t rows = budget / (k * b_elem_bytes) / kSfAtomRows * kSfAtomRows;
+  if (rows < 1024 || rows >= n) return n;
+  const int64_t chunks = ceil_div(n, rows);
+  return round_up(ceil_div(n, chunks), kSfAtomRows);
 }
 
 void run_generic(const MmShape& s, const Problem& p, const at::Tensor& a, const at::Tensor& c, int sm) {
@@ -177,7 +185,7 @@ void run_generic(const MmShape& s, const Problem& p, const at::Tensor& a, const 
     lda = s.k;
   }
   const int64_t b_elem = op == generic::Operand::kFloat32 ? 4 : 2;
-  const int64_t chunk = generic_chunk_rows(s.n, s.k, b_elem, a.get_device());
+  const int64_t chunk = generic_chunk_rows(s.m, s.n, s.k, b_elem, b_elem, a.get_device());
   at::Tensor b_dq = at::empty({chunk, s.k}, a.options().dtype(scalar_type(op)));
   // cuBLAS pairs some operand types with other outputs only: then an fp32 result, rounded once at the end.
   const bool direct = generic::gemm_writes(op, p.out_dtype);
