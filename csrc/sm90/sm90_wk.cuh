@@ -73,6 +73,10 @@
 #include "sm90/split_counters.cuh"
 #include "sm90/trace.cuh"
 
+#ifndef NVFP4_SM90_KEEP_OFFSETS
+#define NVFP4_SM90_KEEP_OFFSETS 1
+#endif
+
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kWkConsumers = 256;                 // 8 consumer warps
@@ -300,6 +304,21 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     return kAsfOff + ks * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + tig;
   };
   const int nt_live = min(NT, (p.m + 7) / 8);
+  // The stage offsets of this lane's B rows' scale bytes, computed once and kept (an empty asm makes them opaque to
+  // the compiler, which otherwise rebuilt these and b_off from the thread index in every stage: ~35 of a stage's
+  // ~440 instructions at 8 tokens). NVFP4_SM90_KEEP_OFFSETS=0 in NVFP4_GEMM_DEFINES builds the old way.
+  uint32_t sfo[4][2];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    sfo[mt][0] = sf_at(row_base + 16 * mt);
+    sfo[mt][1] = sf_at(row_base + 16 * mt + 8);
+  }
+  uint32_t b_off_kept = b_off;
+  if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) {
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) asm volatile("" : "+r"(sfo[mt][0]), "+r"(sfo[mt][1]));
+    asm volatile("" : "+r"(b_off_kept));
+  }
 
   float acc[4][NT][4];
 #pragma unroll
@@ -335,10 +354,9 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     }
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
-      const int r0 = row_base + 16 * mt;
-      const uint2 w0 = *reinterpret_cast<const uint2*>(st + b_off + mt * 16 * 128);
-      const uint2 w1 = *reinterpret_cast<const uint2*>(st + b_off + (mt * 16 + 8) * 128);
-      const uint16_t sc = static_cast<uint16_t>(st[sf_at(r0)] | (st[sf_at(r0 + 8)] << 8));
+      const uint2 w0 = *reinterpret_cast<const uint2*>(st + b_off_kept + mt * 16 * 128);
+      const uint2 w1 = *reinterpret_cast<const uint2*>(st + b_off_kept + (mt * 16 + 8) * 128);
+      const uint16_t sc = static_cast<uint16_t>(st[sfo[mt][0]] | (st[sfo[mt][1]] << 8));
       const uint32_t s2 = Dec::scales(sc);
       const uint32_t s0 = low_pair(s2), s1 = high_pair(s2);
 #pragma unroll
