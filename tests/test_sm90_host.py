@@ -2,9 +2,10 @@
 
 tests/sm90_host/split_plan_test.cpp compiles against the same header backend.cu plans with and checks an H100's
 choices (32 tiles: two clusters of 2 per tile, since an H100 holds 30 clusters of 4, not 32; 64 tiles: one cluster
-of 2; more tiles than SMs: the balanced split; forced counts and clusters turned off: the balanced split) and, over
-~200,000 plans of a sweep, the split's rules: one wave, every cluster resident at once, at least two K tiles a
-slice, the workspace bound, and workspace sizes that match the split. Nothing here runs a kernel.
+of 2; more tiles than SMs: one wave of 132 CTAs over them, or whole waves with that turned off; forced counts and
+clusters turned off: the balanced split) and, over ~200,000 plans of a sweep, the split's rules: fewer CTAs than
+tiles only as one wave, every cluster resident at once, at least two K tiles a slice, the workspace bound, and
+workspace sizes that match the split. Nothing here runs a kernel.
 """
 from __future__ import annotations
 
