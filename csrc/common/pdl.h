@@ -14,8 +14,8 @@
 namespace nvfp4_gemm {
 
 // `grid` x `block` threads with `smem` bytes of dynamic shared memory on `stream`, a programmatic dependent of
-// the kernel ahead where `pdl` is set. `attr` (attr[0] used) must outlive the launch; a caller that needs
-// another attribute (a cluster shape) sets attr[1] and numAttrs itself.
+// the kernel ahead where `pdl` is set. `attr` (attr[0] used) must outlive the launch; a caller that needs a
+// cluster shape too passes room for two and calls add_cluster_dim.
 inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                                         cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg{};
@@ -31,6 +31,15 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cuda
     cfg.numAttrs = 1;
   }
   return cfg;
+}
+
+// Adds a thread-block cluster shape to `cfg` as its next attribute (cfg.attrs must have room for it).
+inline void add_cluster_dim(cudaLaunchConfig_t& cfg, dim3 dim) {
+  cudaLaunchAttribute& a = cfg.attrs[cfg.numAttrs++];
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = dim.x;
+  a.val.clusterDim.y = dim.y;
+  a.val.clusterDim.z = dim.z;
 }
 
 }  // namespace nvfp4_gemm

@@ -355,10 +355,7 @@ __global__ void zero_counters_kernel(uint32_t* counters, int n) {
 // workspace path on ordinary shapes.
 int split_counter_slot(int row_blocks, cudaStream_t stream) {
   static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
-  static const bool off = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_COUNTER_SLOTS");
-    return env && env[0] == '0';
-  }();
+  static const bool off = !env_not_zero("NVFP4_GEMM_SM90_COUNTER_SLOTS");
   if (off || row_blocks > kSplitCounterRows) return -1;
   int index = -1;
   if (slots->get(stream, &index) != cudaSuccess) {

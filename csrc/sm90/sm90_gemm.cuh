@@ -731,13 +731,8 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   // so barrier setup, descriptor prefetch and the first B loads overlap it.
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
-  if (args.params.cluster > 1) {  // a tile's K slices form one cluster
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(args.params.cluster);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    cfg.numAttrs = 2;
-  }
+  if (args.params.cluster > 1)  // a tile's K slices form one cluster
+    add_cluster_dim(cfg, dim3(static_cast<unsigned>(args.params.cluster), 1, 1));
   return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, args.params);
 }
 
@@ -757,14 +752,10 @@ int max_active_clusters(int size) {
     if (const int v = known[dev][size].load(std::memory_order_relaxed)) return v - 1;
   }
   int n = 0;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg = launch_config(dim3(size), dim3(kThreads), smem_bytes(TOKENS, KT, STAGES), nullptr,
                                          /*pdl=*/false, attr);
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(size);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.numAttrs = 1;
+  add_cluster_dim(cfg, dim3(static_cast<unsigned>(size), 1, 1));
   if (allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>() != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&n, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, &cfg) != cudaSuccess) {
     cudaGetLastError();

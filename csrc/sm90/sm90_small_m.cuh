@@ -593,13 +593,7 @@ cudaError_t launch_small_m(const SmallMLaunch& l) {
   cudaLaunchAttribute attrs[2];  // programmatic dependent launch: see the note at the top
   cudaLaunchConfig_t cfg = launch_config(dim3(l.row_blocks, l.params.splits), dim3(kSmallThreads), l.smem, l.stream,
                                          /*pdl=*/true, attrs);
-  if (l.params.cluster) {  // a row block's splits form one cluster
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = l.params.splits;
-    attrs[1].val.clusterDim.z = 1;
-    cfg.numAttrs = 2;
-  }
+  if (l.params.cluster) add_cluster_dim(cfg, dim3(1, l.params.splits, 1));  // a row block's splits: one cluster
   return cudaLaunchKernelEx(&cfg, kernel, l.params);
 }
 

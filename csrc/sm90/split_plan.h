@@ -52,6 +52,10 @@ inline int64_t split_workspace_bytes(const SplitInputs& in, const Split& sp) {
   return split_partial_bytes(in, sp) + round_up(split_counters(in, sp) * 4, 256);
 }
 
+// The cost model's time to fix up a split: partial sums of `bytes` a contributor written, then read back by the last
+// arriver (~50 GB/s a CTA), plus ~1 us of counting.
+inline double fixup_seconds(double bytes) { return 1.0e-6 + 1.5 * bytes / 50e9; }
+
 // Fixed time of one wave of CTAs in the cost model: its first stage's loads and its epilogue (~4-5 us measured at
 // M = 128, docs/SM90_NOTES.md's timeline trace), paid again by every later wave.
 inline constexpr double kWaveSeconds = 4.0e-6;
@@ -77,7 +81,7 @@ inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   auto cost = [&](int64_t g) {
     const double waves = std::ceil(static_cast<double>(g) / in.sms);
     double c = waves * (std::ceil(static_cast<double>(total) / g) * in.t_tile + kWaveSeconds);
-    if (g != in.tiles) c += 1.0e-6 + 1.5 * slot_bytes / 50e9;
+    if (g != in.tiles) c += fixup_seconds(static_cast<double>(slot_bytes));
     return c;
   };
   int64_t best = in.tiles;
@@ -118,7 +122,7 @@ Split choose_split(const SplitInputs& in, Cap&& cap) {
       const Split c_sp{in.tiles * slices, size, groups};
       if (split_workspace_bytes(in, c_sp) > in.workspace_left) break;
       double c = std::ceil(static_cast<double>(in.ktiles) / slices) * in.t_tile + kWaveSeconds + 0.5e-6;
-      if (groups > 1) c += 1.0e-6 + 1.5 * groups * static_cast<double>(in.tile_bytes) / size / 50e9;  // 1/S each
+      if (groups > 1) c += fixup_seconds(groups * static_cast<double>(in.tile_bytes) / size);  // 1/S each
       if (c < best && static_cast<int64_t>(cap(size)) >= static_cast<int64_t>(in.tiles) * groups) {
         best = c;
         sp = c_sp;

@@ -145,10 +145,7 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
 // are balanced (no sliver at the end). NVFP4_GEMM_GENERIC_CHUNKS=0 (read once per process) always decodes all of B
 // at once, for A/B runs.
 int64_t generic_chunk_rows(int64_t m, int64_t n, int64_t k, int64_t a_elem_bytes, int64_t b_elem_bytes, int device) {
-  static const bool on = [] {
-    const char* env = std::getenv("NVFP4_GEMM_GENERIC_CHUNKS");
-    return !(env && env[0] == '0');
-  }();
+  static const bool on = env_or_empty("NVFP4_GEMM_GENERIC_CHUNKS").rfind('0', 0) != 0;
   if (!on) return n;
   const int64_t l2 = at::cuda::getDeviceProperties(device)->l2CacheSize;
   const int64_t budget = std::min(l2 / 3, l2 * 4 / 5 - m * k * a_elem_bytes);
