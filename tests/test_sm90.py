@@ -135,6 +135,7 @@ _CLUSTER_CHECK = """
 import sys, torch, nvfp4_gemm
 sys.path.insert(0, {tests!r})
 from test_sm90 import _gpu_inputs, _check_gpu
+ENV = {env!r}
 outs = []
 for i, (m, n, k) in enumerate({shapes!r}):
     inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=40 + i)
@@ -197,6 +198,7 @@ _EPILOGUE_CHECK = """
 import os, sys, torch, nvfp4_gemm
 sys.path.insert(0, {tests!r})
 from test_sm90 import _gpu_inputs, _check_gpu
+ENV = {env!r}
 outs = []
 for i, (m, n, k, dt, cfg) in enumerate({cases!r}):
     if cfg:
@@ -205,7 +207,7 @@ for i, (m, n, k, dt, cfg) in enumerate({cases!r}):
         os.environ.pop("NVFP4_GEMM_CONFIG", None)
     inputs = _gpu_inputs(m, n, k, out_dtype=getattr(torch, dt), alpha=-0.75, seed=80 + i)
     out = nvfp4_gemm.mm(**inputs)
-    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}} {{cfg}}, seed {{80 + i}}, {env!r}")
+    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}} {{cfg}}, seed {{80 + i}}, {{ENV}}")
     outs.append(out.cpu())
 torch.save(outs, {path!r})
 """
@@ -233,7 +235,7 @@ def test_epilogue_variants_are_bitwise_equal(tmp_path):
         for staged, early in (("1", "1"), ("0", "1"), ("1", "0")):
             env_vars = dict(extra, NVFP4_GEMM_SM90_STAGED_C=staged, NVFP4_GEMM_SM90_EARLY_LAST=early)
             path = str(tmp_path / f"epilogue_{group}_{staged}{early}.pt")
-            code = _EPILOGUE_CHECK.format(tests=os.path.dirname(__file__), cases=cases, env=env_vars, path=path)
+            code = _EPILOGUE_CHECK.format(tests=os.path.dirname(__file__), cases=cases, env=str(env_vars), path=path)
             env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90", **env_vars)
             env.pop("NVFP4_GEMM_CONFIG", None)
             if group == "split":
