@@ -27,7 +27,7 @@ def dispatch_rules() -> dict[str, str]:
     rules = {name: v.get("dispatch", "") for name, v in json.loads(torch.ops.nvfp4_gemm._backends_json()).items()}
     if _build_info().get("with_cuda"):
         rules["generic"] = ("every CUDA problem no arch table takes (float32 activations, the weight-only form "
-                            "off Hopper): decode to fp16/bf16/fp32, then cuBLAS (B in L2-sized chunks where they pay)\n")
+                            "off Hopper): decode to fp16/bf16/fp32, one cuBLAS GEMM\n")
     rules["cpu"] = "every problem on CPU tensors: exact decode, fp32 matmul\n"
     return rules
 

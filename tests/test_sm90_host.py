@@ -1,11 +1,13 @@
-"""The Hopper wgmma kernel's K-split planner (csrc/sm90/split_plan.h) checked on the host, without a GPU.
+"""The Hopper kernels' host-side pieces checked without a GPU: the wgmma kernel's K-split planner
+(csrc/sm90/split_plan.h) and the FP4 decode every sm90 kernel shares (csrc/sm90/fp4_decode.cuh).
 
 tests/sm90_host/split_plan_test.cpp compiles against the same header backend.cu plans with and checks an H100's
 choices (32 tiles: two clusters of 2 per tile, since an H100 holds 30 clusters of 4, not 32; 64 tiles: one cluster
 of 2; more tiles than SMs: one wave of 132 CTAs over them, or whole waves with that turned off; forced counts and
 clusters turned off: the balanced split) and, over ~200,000 plans of a sweep, the split's rules: fewer CTAs than
 tiles only as one wave, every cluster resident at once, at least two K tiles a slice, the workspace bound, and
-workspace sizes that match the split. Nothing here runs a kernel.
+workspace sizes that match the split. tests/sm90_host/decode_word_test.cu checks the decode over every 32-bit word.
+Nothing here runs a kernel.
 """
 from __future__ import annotations
 
@@ -30,3 +32,21 @@ def test_split_plan(tmp_path):
     print(run.stdout[-2000:])
     assert run.returncode == 0, run.stdout[-6000:]
     assert "split_plan_test: ok" in run.stdout
+
+
+_NVCC = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
+
+
+@pytest.mark.skipif(_NVCC is None, reason="no nvcc found (PATH or /usr/local/cuda/bin)")
+def test_decode_word_every_word(tmp_path):
+    """csrc/sm90/fp4_decode.cuh's decode_word / decode_word_bf16 (the B decode of every sm90 kernel, and A's in the
+    small-M ones) against the e2m1 values over all 2^32 words, compiled for the host
+    (tests/sm90_host/decode_word_test.cu)."""
+    exe = str(tmp_path / "decode_word_test")
+    src = os.path.join(ROOT, "tests", "sm90_host", "decode_word_test.cu")
+    build = subprocess.run([_NVCC, "-std=c++17", "-O2", "-I", os.path.join(ROOT, "csrc"), src, "-o", exe],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert "decode_word_test: ok" in run.stdout

@@ -3,7 +3,6 @@ alpha / out_dtype, on every backend available here, against the float64 referenc
 from __future__ import annotations
 
 import dataclasses
-import os
 import zlib
 
 import pytest
@@ -221,40 +220,3 @@ def test_torch_compile_fullgraph_weight_only_and_out(backend):
     eager = nvfp4_gemm.mm(inputs["a"], inputs["b"], None, inputs["sfb"], inputs["alpha"], F32)
     assert torch.equal(out, eager)
     assert torch.equal(doubled, eager * 2.0)
-
-
-def test_generic_path_in_l2_sized_chunks(monkeypatch):
-    """The generic CUDA path decodes B in chunks of 128-row blocks that fit the L2 beside A (mm_cuda.cpp,
-    generic_chunk_rows: a third of the L2, >= 1024 rows, balanced): B some three chunks long with a ragged end,
-    K/16 % 4 != 0, W4A4 and the weight-only form with 16-bit and float32 activations (4-byte decoded rows), outputs
-    written directly and the fp32-then-round path; against SPEC.md's bound, outputs and the allocator poisoned
-    first, so a chunk left unwritten fails."""
-    from conftest import backend_skip_reason
-
-    from nvfp4_gemm.testing import poison_cuda_allocator
-
-    reason = backend_skip_reason("generic")
-    if reason:
-        pytest.skip(reason)
-    if os.environ.get("NVFP4_GEMM_GENERIC_CHUNKS", "").startswith("0"):
-        pytest.skip("NVFP4_GEMM_GENERIC_CHUNKS=0: the generic path decodes all of B at once")
-    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "generic")
-    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-    k = 2080
-    rows = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size // 3 // (k * 2) // 128 * 128
-    if rows < 1024:
-        pytest.skip(f"an L2 of this size holds {rows} rows of K = {k}: the generic path does not chunk here")
-    n = 2 * rows + 136
-    for case in (Case(5, n, k, F16), Case(3, n, k, F32, alpha=-0.5), Case(130, n, k, BF16)):
-        inputs = make_inputs(case, "cuda", seed=zlib.crc32(case.id.encode()))
-        poison_cuda_allocator(case.m * n * 4, "cuda")
-        out = torch.full((case.m, n), float("nan"), dtype=case.out_dtype, device="cuda")
-        nvfp4_gemm.mm(**inputs, out=out)
-        Reference(inputs, device="cpu").check(out.cpu(), f"generic chunks, {case.id}")
-    for wcase in (WCase(4, n, k, F16), WCase(6, n, k, BF16, F16, alpha=2.0), WCase(4, n, k, F32),
-                  WCase(3, n, k, F32, BF16)):
-        inputs = make_weight_only(wcase, "cuda")
-        poison_cuda_allocator(wcase.m * n * 4, "cuda")
-        out = torch.full((wcase.m, n), float("nan"), dtype=wcase.out_dtype or wcase.a_dtype, device="cuda")
-        nvfp4_gemm.mm(**inputs, out=out)
-        assert_within_spec(out, inputs)

@@ -1,7 +1,7 @@
-// The generic CUDA backend (any SM >= 8.0): decode NVFP4 operands to exact fp16 / bf16 / fp32, then a cuBLAS
-// GEMM with fp32 accumulation and alpha read on the device. Torch-free: the binding layer supplies the cuBLAS
-// handle (bound to the current stream) and the decode buffers, and composes the two steps for W4A4 (decode A
-// and B) and the weight-only form (decode B only), B in L2-sized row chunks where that pays (mm_cuda.cpp).
+// The generic CUDA backend (any SM >= 8.0): decode NVFP4 operands to exact fp16 / bf16 / fp32, then one
+// cuBLAS GEMM with fp32 accumulation and alpha read on the device. Torch-free: the binding layer supplies
+// the cuBLAS handle (bound to the current stream) and the decode buffers, and composes the two steps for
+// W4A4 (decode A and B) and the weight-only form (decode B only).
 #pragma once
 
 #include <cublas_v2.h>

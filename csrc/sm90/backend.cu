@@ -164,9 +164,7 @@ int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int
 //  - NVFP4_GEMM_SM90_CLUSTER=0: no split over a thread-block cluster, only through global memory;
 //  - NVFP4_GEMM_SM90_ONE_WAVE=0: grids of at least one CTA per tile (no one wave over more tiles than SMs);
 //  - NVFP4_GEMM_SM90_STAGED_C=0: the output stored quad by quad instead of each tile staged in shared memory for
-//    16-byte stores (GemmParams::staged_c);
-//  - NVFP4_GEMM_SM90_EARLY_LAST=0: every contributor of a split tile publishes its partial sums, even one that finds
-//    itself last (GemmParams::early_last).
+//    16-byte stores (GemmParams::staged_c).
 bool env_not_zero(const char* name) {
   const char* env = std::getenv(name);
   return !(env && env[0] == '0');
@@ -181,10 +179,6 @@ bool one_wave_enabled() {
 }
 bool staged_c_enabled() {
   static const bool on = env_not_zero("NVFP4_GEMM_SM90_STAGED_C");
-  return on;
-}
-bool early_last_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_EARLY_LAST");
   return on;
 }
 
@@ -1114,7 +1108,6 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     // 16-byte stores of staged rows: every row of C starts 16-byte aligned.
     gp.staged_c = staged_c_enabled() && reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
-    gp.early_last = early_last_enabled();
     gp.m = static_cast<int>(rows);
     if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)

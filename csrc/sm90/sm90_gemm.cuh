@@ -111,8 +111,6 @@ struct GemmParams {
   float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
   OutDtype out_dtype;
   int staged_c;           // 1: c and ldc allow 16-byte stores, so a whole tile may be staged in shared memory first
-  int early_last;         // 1: a CTA that finds every other contributor of a split tile counted sums it without
-                          // publishing its own partial sums first
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
 };
 
@@ -619,28 +617,15 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const int c_first = static_cast<int>(cta_of_unit(first_u, p.total, p.grid));
     const int c_last = static_cast<int>(cta_of_unit(first_u + p.ktiles - 1, p.total, p.grid));
     const uint32_t others = static_cast<uint32_t>(c_last - c_first);
-    // Last already? Where every other contributor has counted, this CTA sums the tile without publishing its own
-    // partial sums and reading them back (GemmParams::early_last). Asked only where the segment ends the CTA's range:
-    // a range's first tile was begun by the CTA before, which reaches it last, at the end of its own range.
-    bool early = false;
-    if (p.early_last && u == u_end) {
-      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // every thread has read last_flag's previous value
-      if (t == 0) last_flag = atomicAdd(&p.counters[tile], 0u) == others;
-      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-      early = last_flag;
-      if (early) __threadfence();  // as last_to_arrive's last arriver, before reading the others' partials
-    }
-    if (!early) {
-      // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
-      // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
-      float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
+    // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
+    // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
+    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
 #pragma unroll
-      for (int x = 0; x < TOKENS / 8; ++x) __stcg(mine + x * 256, own_quad(x));
-      if (!last_to_arrive(&p.counters[tile], others, t, last_flag)) {
-        release(s_last);
-        if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
-        continue;
-      }
+    for (int x = 0; x < TOKENS / 8; ++x) __stcg(mine + x * 256, own_quad(x));
+    if (!last_to_arrive(&p.counters[tile], others, t, last_flag)) {
+      release(s_last);
+      if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
+      continue;
     }
     if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
     const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
@@ -648,40 +633,32 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
     // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (v3
-    // waited one L2 round trip per quad and contributor: ~20 us at 128 tokens). An early last arriver takes its own part from the accumulators (which stay live: 8 quads a round at 256 tokens,
-    // where 16 do not fit beside them); otherwise every part is read back, its own included, which frees them.
-    auto sum_tile = [&](auto early_tag) {
-      constexpr bool kEarly = decltype(early_tag)::value;
-      constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : (kEarly && TOKENS >= 256 ? 8 : 16);
-      auto partial = [&](int c, int x) {
-        if (kEarly && c == cta) return own_quad(x);
-        return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
-                                                                              (TOKENS / 8) * 256 + t + x * 256);
-      };
-      output(true, [&](auto&& put) {
-#pragma unroll
-        for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
-          float4 sum[kChunk];
-#pragma unroll
-          for (int x = 0; x < kChunk; ++x) sum[x] = partial(c_first, x0 + x);
-          for (int c = c_first + 1; c <= c_last; ++c) {
-            float4 v[kChunk];
-#pragma unroll
-            for (int x = 0; x < kChunk; ++x) v[x] = partial(c, x0 + x);
-#pragma unroll
-            for (int x = 0; x < kChunk; ++x) {
-              sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
-            }
-          }
-#pragma unroll
-          for (int x = 0; x < kChunk; ++x) put(x0 + x, sum[x]);
-        }
-      });
+    // waited one L2 round trip per quad and contributor: ~20 us at 128 tokens). Every part is read back, this
+    // CTA's own included, which frees the accumulators' registers for the loads.
+    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
+    auto partial = [&](int c, int x) {
+      return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
+                                                                            (TOKENS / 8) * 256 + t + x * 256);
     };
-    if (early)
-      sum_tile(std::true_type{});
-    else
-      sum_tile(std::false_type{});
+    output(true, [&](auto&& put) {
+#pragma unroll
+      for (int x0 = 0; x0 < TOKENS / 8; x0 += kChunk) {
+        float4 sum[kChunk];
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) sum[x] = partial(c_first, x0 + x);
+        for (int c = c_first + 1; c <= c_last; ++c) {
+          float4 v[kChunk];
+#pragma unroll
+          for (int x = 0; x < kChunk; ++x) v[x] = partial(c, x0 + x);
+#pragma unroll
+          for (int x = 0; x < kChunk; ++x) {
+            sum[x].x += v[x].x; sum[x].y += v[x].y; sum[x].z += v[x].z; sum[x].w += v[x].w;
+          }
+        }
+#pragma unroll
+        for (int x = 0; x < kChunk; ++x) put(x0 + x, sum[x]);
+      }
+    });
     release(s_last);
     if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
   }

@@ -11,7 +11,6 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -133,28 +132,7 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The generic path: decode to exact 16-bit (or fp32) operands, then cuBLAS.
-//
-// B is decoded and multiplied in chunks of whole 128-row blocks (a chunk's scales are then a blocked layout of their
-// own, at a fixed offset) whose decoded copy takes at most a third of the L2: the GEMM reads each chunk while it is
-// still in L2, and the next chunk's decode overwrites the same buffer there, so the 16-bit weights mostly stay out
-// of HBM (one decode of all of B writes them there and the GEMM reads them back: at M = 2048 that traffic is what
-// makes a prefill slower than fp16's). Every chunk's GEMM reads all of A again, so chunks are used only where A and
-// one chunk fit in ~80% of the L2 together, and only for chunks of >= 1024 rows (a GEMM of fewer columns fills the
-// SMs poorly, and small-L2 GPUs would launch hundreds): otherwise all of B is decoded at once, as before. The chunks
-// are balanced (no sliver at the end). NVFP4_GEMM_GENERIC_CHUNKS=0 (read once per process) always decodes all of B
-// at once, for A/B runs.
-int64_t generic_chunk_rows(int64_t m, int64_t n, int64_t k, int64_t a_elem_bytes, int64_t b_elem_bytes, int device) {
-  static const bool on = env_or_empty("NVFP4_GEMM_GENERIC_CHUNKS").rfind('0', 0) != 0;
-  if (!on) return n;
-  const int64_t l2 = at::cuda::getDeviceProperties(device)->l2CacheSize;
-  const int64_t budget = std::min(l2 / 3, l2 * 4 / 5 - m * k * a_elem_bytes);
-  if (budget <= 0) return n;
-  const int64_t rows = budget / (k * b_elem_bytes) / kSfAtomRows * kSfAtomRows;
-  if (rows < 1024 || rows >= n) return n;
-  const int64_t chunks = ceil_div(n, rows);
-  return round_up(ceil_div(n, chunks), kSfAtomRows);
-}
+// The generic path: decode to exact 16-bit (or fp32) operands, one cuBLAS GEMM.
 
 void run_generic(const MmShape& s, const Problem& p, const at::Tensor& a, const at::Tensor& c, int sm) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -181,28 +159,20 @@ void run_generic(const MmShape& s, const Problem& p, const at::Tensor& a, const 
     fail(generic::decode(p.a, p.lda, p.sfa, s.m, s.k, op, a_dq.data_ptr(), stream, err, kErrLen));
     lda = s.k;
   }
-  const int64_t b_elem = op == generic::Operand::kFloat32 ? 4 : 2;
-  const int64_t chunk = generic_chunk_rows(s.m, s.n, s.k, b_elem, b_elem, a.get_device());
-  at::Tensor b_dq = at::empty({chunk, s.k}, a.options().dtype(scalar_type(op)));
-  // cuBLAS pairs some operand types with other outputs only: then an fp32 result, rounded once at the end.
-  const bool direct = generic::gemm_writes(op, p.out_dtype);
-  at::Tensor acc;
-  if (!direct) acc = at::empty({s.m, s.n}, a.options().dtype(at::kFloat));
-  const int64_t out_elem = p.out_dtype == OutDtype::kFloat32 ? 4 : 2;
-  const int64_t sf_block_bytes = ceil_div(s.k / kSfVecSize, kSfAtomCols) * kSfAtomBytes;  // one 128-row block
+  at::Tensor b_dq = at::empty({s.n, s.k}, a.options().dtype(scalar_type(op)));
+  fail(generic::decode(p.b, p.ldb, p.sfb, s.n, s.k, op, b_dq.data_ptr(), stream, err, kErrLen));
+
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
-  for (int64_t n0 = 0; n0 < s.n; n0 += chunk) {
-    const int64_t rows = std::min(chunk, s.n - n0);
-    fail(generic::decode(p.b + n0 * p.ldb, p.ldb, p.sfb + n0 / kSfAtomRows * sf_block_bytes, rows, s.k, op,
-                         b_dq.data_ptr(), stream, err, kErrLen));
-    if (direct)
-      fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, rows, s.k, p.alpha,
-                         static_cast<uint8_t*>(p.c) + n0 * out_elem, p.ldc, p.out_dtype, err, kErrLen));
-    else
-      fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, rows, s.k, p.alpha,
-                         acc.data_ptr<float>() + n0, s.n, OutDtype::kFloat32, err, kErrLen));
+  if (generic::gemm_writes(op, p.out_dtype)) {
+    fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, s.n, s.k, p.alpha, p.c, p.ldc,
+                       p.out_dtype, err, kErrLen));
+    return;
   }
-  if (!direct) c.copy_(acc);
+  // cuBLAS pairs this operand type with other outputs only: fp32 result, then one rounding.
+  at::Tensor acc = at::empty({s.m, s.n}, a.options().dtype(at::kFloat));
+  fail(generic::gemm(handle, op, a_dq.data_ptr(), lda, b_dq.data_ptr(), s.k, s.m, s.n, s.k, p.alpha,
+                     acc.data_ptr(), s.n, OutDtype::kFloat32, err, kErrLen));
+  c.copy_(acc);
 }
 
 void run_arch(const Choice& choice, const MmShape& s, const Problem& p, const at::Tensor& a,
