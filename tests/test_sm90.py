@@ -135,7 +135,6 @@ _CLUSTER_CHECK = """
 import sys, torch, nvfp4_gemm
 sys.path.insert(0, {tests!r})
 from test_sm90 import _gpu_inputs, _check_gpu
-ENV = {env!r}
 outs = []
 for i, (m, n, k) in enumerate({shapes!r}):
     inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=40 + i)
