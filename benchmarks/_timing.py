@@ -304,20 +304,37 @@ def humming_w4a16(weight: torch.Tensor, weight_scale_blocked: torch.Tensor, weig
 
 # ------------------------------------------------------------------------------------------- metadata
 
-def run_meta(device: torch.device, timer: Timer) -> dict:
-    """Device, torch version, commit, date, command line. The device machine's copy of the tree has no
-    .git: pass NVFP4_GEMM_COMMIT there."""
+def source_commit() -> str:
+    """The tree's commit for the record: NVFP4_GEMM_COMMIT where set (a copy of the tree whose .git is absent or
+    stale, as on the device machine, where HEAD stays at the commit the copy was first made from), else git's
+    HEAD, with "+dirty" where tracked files differ from it, so that a figure is never filed under a commit it did
+    not run; "unknown" without git."""
+    if os.environ.get("NVFP4_GEMM_COMMIT"):
+        return os.environ["NVFP4_GEMM_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, timeout=10)
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root,
-                                timeout=10).stdout.strip()
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        commit = ""
+        return "unknown"
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def run_meta(device: torch.device, timer: Timer) -> dict:
+    """Device, torch version, commit (source_commit), date, command line."""
+    commit = source_commit()
     device = torch.device(device)
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "commit": commit or os.environ.get("NVFP4_GEMM_COMMIT", "unknown"),
+        "commit": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "timing": timer.method,

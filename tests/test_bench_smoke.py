@@ -451,3 +451,42 @@ def test_device_driver_refuses_a_bad_command_line(tmp_path, args, words):
     for w in words:
         assert w in proc.stderr, proc.stderr
     assert not out.exists()
+
+
+def test_source_commit(monkeypatch, tmp_path):
+    """The commit a benchmark files its figures under: NVFP4_GEMM_COMMIT where set; else git's HEAD, marked
+    +dirty once a tracked file differs from it; "unknown" outside a git tree."""
+    import shutil
+
+    timing = bench_module("_timing")
+    monkeypatch.setenv("NVFP4_GEMM_COMMIT", "abc123")
+    assert timing.source_commit() == "abc123"
+    monkeypatch.delenv("NVFP4_GEMM_COMMIT")
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    # A throwaway repository holding a copy of _timing.py under benchmarks/, as the project holds it.
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copy(os.path.join(BENCH, "_timing.py"), repo / "benchmarks" / "_timing.py")
+    (repo / "tracked.txt").write_text("one\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
+        subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import _timing; print(_timing.source_commit())"
+    env = {k: v for k, v in os.environ.items() if k != "NVFP4_GEMM_COMMIT"}
+
+    def commit_of(cwd) -> str:
+        return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=120).stdout.strip()
+
+    assert commit_of(repo) == head
+    (repo / "tracked.txt").write_text("two\n")
+    assert commit_of(repo) == head + "+dirty"
+    (repo / "untracked.txt").write_text("new\n")  # untracked files do not count
+    (repo / "tracked.txt").write_text("one\n")
+    assert commit_of(repo) == head
+    outside = tmp_path / "plain" / "benchmarks"
+    outside.mkdir(parents=True)
+    shutil.copy(os.path.join(BENCH, "_timing.py"), outside / "_timing.py")
+    assert commit_of(outside.parent) == "unknown"
