@@ -49,7 +49,6 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include <type_traits>
 #include <utility>
 
 #include "common/pdl.h"
