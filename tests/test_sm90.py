@@ -131,18 +131,42 @@ def test_forced_splits(force_splits, splits):
         _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"splits {splits}, ({m}, {n}, {k}), seed {m}")
 
 
-_CLUSTER_CHECK = """
-import sys, torch, nvfp4_gemm
+# Switches read once per process (NVFP4_GEMM_SM90_CLUSTER, _STAGED_C, ...) need a process each: _outputs_in_child
+# runs `cases` ((m, n, k, output dtype name, forced config or "")) in a fresh interpreter with `env_vars` set (no
+# inherited NVFP4_GEMM_CONFIG / _SM90_SPLITS), checks each output against SPEC.md's bound there, and returns them.
+_CHILD_CHECK = """
+import os, sys, torch, nvfp4_gemm
 sys.path.insert(0, {tests!r})
 from test_sm90 import _gpu_inputs, _check_gpu
+ENV = {label!r}
 outs = []
-for i, (m, n, k) in enumerate({shapes!r}):
-    inputs = _gpu_inputs(m, n, k, out_dtype=torch.float32, alpha=-0.75, seed=40 + i)
+for i, (m, n, k, dt, cfg) in enumerate({cases!r}):
+    if cfg:
+        os.environ["NVFP4_GEMM_CONFIG"] = cfg
+    else:
+        os.environ.pop("NVFP4_GEMM_CONFIG", None)
+    inputs = _gpu_inputs(m, n, k, out_dtype=getattr(torch, dt), alpha=-0.75, seed={seed} + i)
     out = nvfp4_gemm.mm(**inputs)
-    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}), seed {{40 + i}}, NVFP4_GEMM_SM90_CLUSTER={cluster}")
+    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}} {{cfg}}, seed {{{seed} + i}}, {{ENV}}")
     outs.append(out.cpu())
 torch.save(outs, {path!r})
 """
+
+
+def _outputs_in_child(tmp_path, tag, cases, env_vars, seed):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / f"{tag}.pt")
+    code = _CHILD_CHECK.format(tests=os.path.dirname(__file__), label=str(env_vars), cases=cases, seed=seed,
+                               path=path)
+    env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90")
+    env.pop("NVFP4_GEMM_CONFIG", None)
+    env.pop("NVFP4_GEMM_SM90_SPLITS", None)
+    env.update(env_vars)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return torch.load(path)
 
 
 def test_cluster_split(tmp_path):
@@ -153,20 +177,11 @@ def test_cluster_split(tmp_path):
     2 per tile, their rows summed through the workspace), 4 tiles x 17 K tiles with a ragged last one (clusters
     of 6), 8 tiles of 64 tokens x 16 K tiles (clusters of 8), 32 tiles of 64 tokens x 8 K tiles (two clusters of
     2)."""
-    import subprocess
-    import sys
-
     shapes = [(128, 4096, 7168), (130, 392, 2080), (64, 1024, 4096), (64, 4096, 2048)]
-    results = {}
-    for cluster in ("1", "0"):
-        path = str(tmp_path / f"cluster{cluster}.pt")
-        code = _CLUSTER_CHECK.format(tests=os.path.dirname(__file__), shapes=shapes, cluster=cluster, path=path)
-        env = dict(os.environ, NVFP4_GEMM_SM90_CLUSTER=cluster, NVFP4_GEMM_BACKEND="sm90")
-        env.pop("NVFP4_GEMM_CONFIG", None)
-        env.pop("NVFP4_GEMM_SM90_SPLITS", None)
-        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        results[cluster] = torch.load(path)
+    cases = [(m, n, k, "float32", "") for m, n, k in shapes]
+    results = {cluster: _outputs_in_child(tmp_path, f"cluster{cluster}", cases,
+                                          {"NVFP4_GEMM_SM90_CLUSTER": cluster}, seed=40)
+               for cluster in ("1", "0")}
     differs = [shape for shape, on, off in zip(shapes, results["1"], results["0"]) if not torch.equal(on, off)]
     assert differs, "the cluster split gave the balanced split's bits on every shape: did it run?"
 
@@ -193,33 +208,12 @@ def test_one_wave_over_more_tiles(force_splits):
     assert differs, "the one-wave split gave the unsplit bits on every shape: did it run?"
 
 
-_EPILOGUE_CHECK = """
-import os, sys, torch, nvfp4_gemm
-sys.path.insert(0, {tests!r})
-from test_sm90 import _gpu_inputs, _check_gpu
-ENV = {env!r}
-outs = []
-for i, (m, n, k, dt, cfg) in enumerate({cases!r}):
-    if cfg:
-        os.environ["NVFP4_GEMM_CONFIG"] = cfg
-    else:
-        os.environ.pop("NVFP4_GEMM_CONFIG", None)
-    inputs = _gpu_inputs(m, n, k, out_dtype=getattr(torch, dt), alpha=-0.75, seed=80 + i)
-    out = nvfp4_gemm.mm(**inputs)
-    _check_gpu(out, inputs, f"({{m}}, {{n}}, {{k}}) {{dt}} {{cfg}}, seed {{80 + i}}, {{ENV}}")
-    outs.append(out.cpu())
-torch.save(outs, {path!r})
-"""
-
-
 def test_epilogue_variants_are_bitwise_equal(tmp_path):
     """The wgmma kernel's two output paths give the same bits: a tile staged in shared memory and copied out with
-    16-byte stores, or stored quad by quad (NVFP4_GEMM_SM90_STAGED_C=0), each within SPEC.md's bound. Whole tiles (one split forced) on every token tile's config, float32 staged at
-    32 and 64 tokens and stored quad by quad at 128 / 256; split tiles with the cluster split off: the balanced split
-    (48 tiles), one wave over 224 tiles, 256 tokens with M and N ragged."""
-    import subprocess
-    import sys
-
+    16-byte stores, or stored quad by quad (NVFP4_GEMM_SM90_STAGED_C=0), each within SPEC.md's bound. Whole tiles
+    (one split forced) on every token tile's config, float32 staged at 32 and 64 tokens and stored quad by quad at
+    128 / 256; split tiles with the cluster split off: the balanced split (48 tiles), one wave over 224 tiles, 256
+    tokens with M and N ragged."""
     t = {n: next(c for c in _configs() if f"xt{n}xk" in c and "_b1_" in c) for n in (32, 64, 128, 256)}
     whole = [(32, 1024, 1024, "float32", t[32]), (64, 1024, 1024, "bfloat16", t[64]),
              (64, 1024, 1024, "float32", t[64]), (128, 1024, 2048, "float16", t[128]),
@@ -230,16 +224,8 @@ def test_epilogue_variants_are_bitwise_equal(tmp_path):
     for group, cases, extra in (("whole", whole, {"NVFP4_GEMM_SM90_SPLITS": "1"}),
                                 ("split", split, {"NVFP4_GEMM_SM90_CLUSTER": "0"})):
         for staged in ("1", "0"):
-            env_vars = dict(extra, NVFP4_GEMM_SM90_STAGED_C=staged)
-            path = str(tmp_path / f"epilogue_{group}_{staged}.pt")
-            code = _EPILOGUE_CHECK.format(tests=os.path.dirname(__file__), cases=cases, env=str(env_vars), path=path)
-            env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90", **env_vars)
-            env.pop("NVFP4_GEMM_CONFIG", None)
-            if group == "split":
-                env.pop("NVFP4_GEMM_SM90_SPLITS", None)
-            run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-            assert run.returncode == 0, run.stderr[-3000:]
-            results[group, staged] = (cases, torch.load(path))
+            results[group, staged] = (cases, _outputs_in_child(tmp_path, f"epilogue_{group}_{staged}", cases,
+                                                               dict(extra, NVFP4_GEMM_SM90_STAGED_C=staged), seed=80))
     for group in ("whole", "split"):
         cases, want = results[group, "1"]
         for case, got, ref in zip(cases, results[group, "0"][1], want):
