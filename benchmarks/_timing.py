@@ -3,7 +3,8 @@ in --smoke mode on the CPU), the copy and fp16-matmul ceilings, the read-floor k
 adapter and the run's metadata.
 
 Why graph replay and not triton's do_bench: do_bench flushes L2 between calls and adds a fixed ~5 us to
-each, which hides what a model sees (issue 11). Here the caller hands over R calls on distinct operands
+each (measured on an H100), which hides what a model sees: a model calls its GEMMs back to back with
+weights that are not in L2, from a CUDA graph. Here the caller hands over R calls on distinct operands
 whose weights together exceed L2 several times; they are captured back to back in one CUDA graph, and the
 per-call time is one replay's time / R, the median over the replays.
 """

@@ -1,4 +1,5 @@
-"""Host time and kernel launches per NVFP4Linear forward, against nn.Linear / F.linear (issue 12, item 1).
+"""Host time and kernel launches per NVFP4Linear forward, against nn.Linear / F.linear: the
+budget is F.linear's host time, since a Python layer pays it on every call of every layer.
 
     python benchmarks/bench_linear_host.py                       # CUDA if present, else the CPU
     python benchmarks/bench_linear_host.py --device cpu --m 1 --k 256 --n 256

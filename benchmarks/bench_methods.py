@@ -1,4 +1,4 @@
-"""Time of the weight quantization methods on a Llama-3-8B-shaped stack of weights (issue 14's speed target:
+"""Time of the weight quantization methods on a Llama-3-8B-shaped stack of weights (the speed target:
 "mse" takes <= 2x the time of "rtn" on the H100).
 
     python benchmarks/bench_methods.py [--repeats 5] [--json out.json] [--record benchmarks/RESULTS.md]

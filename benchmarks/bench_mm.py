@@ -1,4 +1,4 @@
-"""nvfp4_gemm.mm against what a Hopper user would pick instead, timed the way a model calls a GEMM (issue 11).
+"""nvfp4_gemm.mm against what a Hopper user would pick instead, timed the way a model calls a GEMM.
 
     python benchmarks/bench_mm.py [--backends sm90,generic] [--json out.json] [--shapes 128x7168x16384,...]
     python benchmarks/bench_mm.py --smoke          # CPU, tiny shapes, wall clock: checks the script's logic
@@ -41,7 +41,7 @@ from _timing import (  # noqa: E402
     matmul_ceiling, md_table, run_meta, weight_only_mm_reason,
 )
 
-# Issue 25's targets (H100, graph per-call times): (label, the shapes (m, n, k) it applies to, timed variant,
+# The Hopper kernels' targets (H100, graph per-call times): (label, the shapes (m, n, k) it applies to, timed variant,
 # baselines (the ratio is to the fastest of them), largest ratio that passes, slack in us taken off the timed
 # variant first: "<= 1.5 x read + 2 us" is (ours - 2) / read <= 1.5).
 _DECODE_NK = ((1024, 4096), (4096, 4096), (6144, 4096))
@@ -54,7 +54,7 @@ TARGETS = (
     ("decode shapes: ours <= 1.5 x read + 2 us", lambda m, n, k: (n, k) in _DECODE_NK, "ours", ("read",), 1.50, 2.0),
 )
 
-# Issue 11's nine shapes, then the small decode GEMMs of an 8B-class model (k/v, o, fused q/k/v) at M = 1 and 16.
+# Nine shapes (GPU MODE's three at M = 128, then M = 1 .. 8192 on weights of the same sizes), then the small decode GEMMs of an 8B-class model (k/v, o, fused q/k/v) at M = 1 and 16.
 SHAPES = ((128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
           (64, 7168, 2048), (512, 4096, 7168), (2304, 4608, 7168), (8192, 7168, 2048)) + tuple(
               (m, n, k) for m in (1, 16) for n, k in _DECODE_NK)

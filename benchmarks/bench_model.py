@@ -1,5 +1,5 @@
 """The linear layers of a Llama-3-8B-shaped and a 70B-shaped decoder, each variant timed as one CUDA graph per
-stack forward and eagerly, relative to fp16 nn.Linear in the same run (issue 12, item 4).
+stack forward and eagerly, relative to fp16 nn.Linear in the same run.
 
     python benchmarks/bench_model.py [--json out.json] [--png out.png] [--stacks 8b,70b] [--m 1,16,...]
     python benchmarks/bench_model.py --smoke       # CPU, a tiny stack, wall clock: checks the script's logic
@@ -41,7 +41,7 @@ from _timing import (  # noqa: E402
 )
 
 NVFP4_MODES = ("dynamic", "static", "wo_fp16", "wo_bf16")
-# Issue 12's targets, on the 8B stack: (label, variants, measure, limit per M: a dict {M: limit}, or a
+# NVFP4Linear's targets, on the 8B stack: (label, variants, measure, limit per M: a dict {M: limit}, or a
 # function of M giving the limit or None where the target does not apply).
 TARGETS = (
     ("graph time / fp16 nn.Linear's", ("wo_fp16", "wo_bf16", "static"), "graph_ratio",

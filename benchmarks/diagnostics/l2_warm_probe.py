@@ -1,5 +1,6 @@
 """How much faster a small-M weight-only GEMM runs when (part of) its weight already sits in L2: the premise of
-prefetching the next GEMM's weight while the kernels between two GEMMs leave DRAM idle (docs/NOTES.md v6).
+prefetching the next GEMM's weight while the kernels between two GEMMs leave DRAM idle (measured: docs/history/2026-11-27.md, v6;
+the prefetch lost in the model, docs/NOTES.md section 6).
 
 Per shape: R distinct operand sets (weights > 3x L2), per-call times from one CUDA graph per variant:
   chain     R GEMMs back to back (what bench_mm reports; each overlaps the one ahead through PDL)

@@ -1,4 +1,4 @@
-"""Is a fused SiLU-and-multiply after the gate/up GEMM worth a kernel of ours? (issue 26, item 1)
+"""Is a fused SiLU-and-multiply after the gate/up GEMM worth a kernel of ours?
 
 With fused projections the MLP computes act(gate) * up on the two halves of one [M, 2 * 14336] GEMM output
 (strided views). This times, per M, in one CUDA graph each (median of the replays, _timing.Timer):

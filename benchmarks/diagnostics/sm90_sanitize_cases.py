@@ -70,7 +70,7 @@ for m, n, k in shapes:
             check_weight_only(m, n, k, splits, dt)
         check_fused_linear(m, n, k, splits, (torch.float16, torch.bfloat16, torch.float32)[m % 3])
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
-# 16 and 32 tokens, which automatic dispatch no longer reaches (M <= 32 goes to the small-M kernel).
+# 16 and 32 tokens, which automatic dispatch does not reach (M <= 32 goes to the small-M kernels).
 torch.ops.nvfp4_gemm._sm90_force_splits(3)
 forced = [c for c in nvfp4_gemm.configs()["sm90"]
           if "_wk_" not in c and ("_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32)))]

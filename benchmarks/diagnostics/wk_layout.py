@@ -1,4 +1,4 @@
-"""The K-sliced kernel (csrc/sm90/sm90_wk.cuh) against the landed dispatch, on row-major and prepared weights:
+"""The K-sliced kernel (csrc/sm90/sm90_wk.cuh) against the automatic dispatch, on row-major and prepared weights:
 weight-only fp16 mm, per-call time of R back-to-back calls in one CUDA graph (distinct weights > 3x L2), beside
 the read floor of the same bytes and humming W4A16, each forced config checked against the float reference.
 
