@@ -54,7 +54,8 @@ TARGETS = (
     ("decode shapes: ours <= 1.5 x read + 2 us", lambda m, n, k: (n, k) in _DECODE_NK, "ours", ("read",), 1.50, 2.0),
 )
 
-# Nine shapes (GPU MODE's three at M = 128, then M = 1 .. 8192 on weights of the same sizes), then the small decode GEMMs of an 8B-class model (k/v, o, fused q/k/v) at M = 1 and 16.
+# Nine shapes (GPU MODE's three at M = 128, then M = 1 .. 8192 on weights of the same sizes), then the small
+# decode GEMMs of an 8B-class model (k/v, o, fused q/k/v) at M = 1 and 16.
 SHAPES = ((128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (1, 7168, 16384), (16, 4096, 7168),
           (64, 7168, 2048), (512, 4096, 7168), (2304, 4608, 7168), (8192, 7168, 2048)) + tuple(
               (m, n, k) for m in (1, 16) for n, k in _DECODE_NK)
