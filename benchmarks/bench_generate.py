@@ -81,7 +81,8 @@ CONFIG_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
 CONFIG_SMOKE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=512,
                     tie_word_embeddings=False)
-# The whole-model targets, on the H100: (label, variant, measure, (comparison, limit)). speedup = fp16 time / variant time.
+# The whole-model targets, on the H100: (label, variant, measure, (comparison, limit)).
+# speedup = fp16 time / variant time.
 TARGETS = (
     ("decode step batch 1: fp16 / variant >= 2.0", "wo", ("speedup", 1), (">=", 2.0)),
     ("decode step batch 16: fp16 / variant >= 1.5", "wo", ("speedup", 16), (">=", 1.5)),
