@@ -173,6 +173,15 @@ def test_torch_compile_fullgraph(gbackend):
     grouped_reference(inputs).check(c, case.id)
     assert torch.equal(d, c * 2.0)
 
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def g(a, b, sfa, sfb, offs, alpha, out):
+        nvfp4_gemm.grouped_mm(a, b, sfa, sfb, offs, alpha=alpha, out=out)
+        return out + 1.0
+
+    out = torch.full_like(c, float("nan"))
+    e = g(inputs["a"], inputs["b"], inputs["sfa"], inputs["sfb"], inputs["offs"], inputs["alpha"], out)
+    assert torch.equal(out, c) and torch.equal(e, c + 1.0)  # the mutation reaches the caller's tensor
+
 
 def test_torch_compile_quantize_then_gemm(gbackend):
     """The whole W4A4 MoE step (route, quantize per group, grouped GEMM) compiles without graph breaks."""
