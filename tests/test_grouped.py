@@ -355,6 +355,28 @@ def test_quantize_grouped_errors():
         nvfp4_gemm.quantize_grouped(x, offs, torch.tensor([1.0, 0.0]))
     with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
         nvfp4_gemm.quantize_grouped(x.to(torch.float64), offs)
+    with pytest.raises(RuntimeError, match=r"sfa_rows must be a multiple of 128 and at least round_up\(T,128\) = 128"):
+        nvfp4_gemm.quantize_grouped(x, offs, sfa_rows=100)
+    with pytest.raises(RuntimeError, match="x must be 2-D|must be 2-D"):
+        torch.ops.nvfp4_gemm._quantize_grouped(x.reshape(-1), offs, None, 128)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_quantize_grouped_capacity_too_small(device):
+    """sfa_rows below the routing's need: the scales that fit are those of the full layout, nothing past the buffer;
+    empty groups and an amax-free (all-zero) group get decode scale 1."""
+    t, k = 100, 64
+    x = _x(t, k, torch.bfloat16, 13)
+    x[90:] = 0.0  # group 3 all zeros: dynamic scale 1
+    counts = [60, 0, 30, 10]
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    full = nvfp4_gemm.quantize_grouped(x.to(device), offs.to(device))
+    small = nvfp4_gemm.quantize_grouped(x.to(device), offs.to(device), sfa_rows=128)
+    assert small[1].numel() == 128 * 4
+    assert torch.equal(small[1].view(torch.uint8).cpu(), full[1].view(torch.uint8).cpu()[:128 * 4])
+    assert torch.equal(small[0][:60].cpu(), full[0][:60].cpu())  # group 0's rows fit
+    assert torch.equal(small[2].cpu(), full[2].cpu())
+    assert float(full[2][1]) == 1.0 and float(full[2][3]) == 1.0
 
 
 # --- Errors: every bad argument, named, expected vs actual, nothing written --------------------------------------
