@@ -505,6 +505,37 @@ def test_cuda_graph_replay_with_new_routing(gbackend):
 
 
 @requires_cuda
+def test_cuda_graph_quantize_and_gemm_with_new_routing(gbackend):
+    """The whole W4A4 step (quantize_grouped dynamic, grouped_mm) captured once, replayed with new tokens and new
+    routing: each replay equals the eager call on the same inputs, bit for bit."""
+    _, device = _cuda_backend(gbackend)
+    t, k, g = 80, 128, 6
+    inputs = make_grouped_inputs(GroupedCase(t, 64, k, g), device, seed=25)
+    ws2 = torch.full((g,), 0.25, device=device)
+    x = _x(t, k, torch.bfloat16, 26).to(device)
+    offs = inputs["offs"].clone()
+
+    def step():
+        p, sfa, a_dec = nvfp4_gemm.quantize_grouped(x, offs)
+        return nvfp4_gemm.grouped_mm(p, inputs["b"], sfa, inputs["sfb"], offs, alpha=a_dec * ws2,
+                                     out_dtype=torch.bfloat16)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    gen = torch.Generator().manual_seed(27)
+    for routing in ("skewed", "one", "ones", "edges"):
+        counts = routing_counts(t, g, routing, gen)
+        offs.copy_(torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32))
+        x.copy_(_x(t, k, torch.bfloat16, len(routing)).to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, step()), routing
+
+
+@requires_cuda
 def test_garbage_routing_stays_in_bounds(gbackend):
     """offs that break every rule (decreasing, negative, past T) give wrong rows but no fault: the next call on the
     stream still runs and is right."""
