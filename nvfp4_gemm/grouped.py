@@ -303,5 +303,10 @@ def grouped_backends() -> list[str]:
     return list(torch.ops.nvfp4_gemm._grouped_backends())
 
 
+def grouped_configs() -> dict[str, list[str]]:
+    """Each grouped arch backend's kernel configs by name (what NVFP4_GEMM_CONFIG accepts for grouped_mm)."""
+    return {name: list(torch.ops.nvfp4_gemm._grouped_configs(name)) for name in grouped_backends()}
+
+
 __all__ = ["grouped_mm", "grouped_sfa_rows", "to_blocked_grouped", "quantize_grouped", "reference_grouped_mm",
-           "grouped_backends"]
+           "grouped_backends", "grouped_configs"]

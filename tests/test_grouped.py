@@ -149,6 +149,15 @@ def test_opcheck(gbackend):
         torch.library.opcheck(torch.ops.nvfp4_gemm.grouped_mm_out.default, args, {**kwargs, "out": out})
 
 
+def test_grouped_backends_listing():
+    from nvfp4_gemm.grouped import grouped_configs
+
+    configs = grouped_configs()
+    assert set(configs) == set(grouped_backends())
+    for name, names in configs.items():
+        assert names and all(isinstance(c, str) and c for c in names), (name, names)
+
+
 def test_schema():
     schema = str(torch.ops.nvfp4_gemm.grouped_mm.default._schema)
     assert schema.startswith("nvfp4_gemm::grouped_mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs"), schema
