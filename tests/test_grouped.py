@@ -460,6 +460,25 @@ def test_error_device_mismatch(gbackend):
             nvfp4_gemm.grouped_mm(bad["a"], bad["b"], bad["sfa"], bad["sfb"], bad["offs"], alpha=bad["alpha"])
 
 
+def test_gpu_layout_errors(gbackend):
+    """What only the GPU kernels need: 16-byte aligned bases and rows, K-major operands; refused by name."""
+    name, device = gbackend
+    if name == "cpu":
+        pytest.skip("the CPU backend reads any strides")
+    g = {k: v.to(device) for k, v in _good("cpu").items()}
+    a_big = torch.zeros((20, 48), dtype=torch.uint8, device=device)
+    a_big[:, 1:33] = g["a"]
+    with pytest.raises(RuntimeError, match="a data must be 16-byte aligned"):
+        nvfp4_gemm.grouped_mm(a_big[:, 1:33], g["b"], g["sfa"], g["sfb"], g["offs"])
+    b_t = g["b"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, stride 1 along N
+    with pytest.raises(RuntimeError, match="b must be K-major"):
+        nvfp4_gemm.grouped_mm(g["a"], b_t, g["sfa"], g["sfb"], g["offs"])
+    out = torch.full((20, 32), 7.0, dtype=torch.float16, device=device)
+    with pytest.raises(RuntimeError, match="out must have unit stride along N"):
+        nvfp4_gemm.grouped_mm(g["a"], g["b"], g["sfa"], g["sfb"], g["offs"], out=out[:, ::2])
+    assert (out == 7.0).all()
+
+
 def test_cpu_checks_routing():
     g = _good("cpu")
     for offs, pattern in (([5, 3, 20], r"offs must be non-decreasing .* offs\[1\] = 3 after offs\[0\] = 5"),
