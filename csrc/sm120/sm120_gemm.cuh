@@ -63,6 +63,11 @@ struct Kernel {
   static_assert(cute::is_same_v<typename CollectiveMainloop::LayoutSFB, LayoutSF>);
   static_assert(cute::is_same_v<typename CollectiveMainloop::ElementSF, ScaleType>);
   static_assert(CollectiveMainloop::DispatchPolicy::Stages >= 2, "the mainloop needs a double-buffered pipeline");
+  // The launch sets this much dynamic shared memory; past the 99 KB a CTA may opt into on SM120 / SM121
+  // it would fail at run time, so it is proven here.
+  static constexpr int kSmemBytes = static_cast<int>(GemmKernel::SharedStorageSize);
+  static_assert(kSmemBytes <= cutlass::arch::sm120_smem_capacity_bytes, "tile does not fit SM120's 99 KB");
+  static constexpr int kStages = CollectiveMainloop::DispatchPolicy::Stages;
 
   static typename Gemm::Arguments make_arguments(const Problem& p, const float* alpha, int sm_count) {
     const Operands o = make_operands(p, alpha);
