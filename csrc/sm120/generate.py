@@ -58,14 +58,15 @@ class Config:
 TABLE = (
     # Decode and small batches (M <= 128 fills at most one 128-row tile). The op is bound by streaming B
     # (N*K/2 bytes); a 256-deep k-block halves the k-loop trips and barrier round trips per byte streamed.
-    # smem/stage: A 16 KB + B 16 KB + SF 2 x 2 KB = 36 KB -> 2 stages in 99 KB beside the epilogue.
+    # smem/stage: A 16 KB + B 16 KB + SF 2 x 2 KB = 36 KB -> 2 stages, 84 KB with the epilogue (of 99 KB;
+    # can_implement_test prints each entry's stages and bytes).
     Config(m_max=128, tile_m=128, tile_n=128, tile_k=256,
            why="M<=128 (decode): 128x128 tiles with 256-deep k-blocks, B streamed in 36 KB stages"),
-    # Medium M: the tile of CUTLASS's SM120 NVFP4 example; 18 KB stages -> 4-5 stages deep.
+    # Medium M: the tile of CUTLASS's SM120 NVFP4 example; 18 KB stages -> 4 stages, 84 KB.
     Config(m_max=256, tile_m=128, tile_n=128, tile_k=128,
-           why="129<=M<=256: 128x128x128, 4-5 stages of 18 KB"),
+           why="129<=M<=256: 128x128x128, 4 stages of 18 KB"),
     # Large M: 256 rows per CTA read B once per 256 rows (2x the flops per byte of B of 128x128).
-    # smem/stage: A 16 KB + B 8 KB + SF 3 KB = 27 KB -> 3 stages.
+    # smem/stage: A 16 KB + B 8 KB + SF 3 KB = 27 KB -> 3 stages, 93 KB.
     Config(m_max=None, tile_m=256, tile_n=128, tile_k=128,
            why="M>256: 256x128x128, B read once per 256 rows"),
 )
