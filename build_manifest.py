@@ -20,8 +20,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # Every arch the project knows how to build. "8.0" is the floor of the generic CUDA path (bf16 MMA in
 # cuBLAS, cp.async); 9.0a adds the Hopper wgmma module; 10.0f the Blackwell tcgen05 family module
-# (sm_100 and sm_103 alike).
-ALL_ARCHS = ("8.0", "9.0a", "10.0f")
+# (sm_100 and sm_103 alike); 12.0f the GeForce / workstation Blackwell module (one sm_120f cubin runs on
+# SM 12.0 and 12.1).
+ALL_ARCHS = ("8.0", "9.0a", "10.0f", "12.0f")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,15 @@ MODULES = (
         cuda_globs=("csrc/sm100/*.cpp", "csrc/sm100/*.cu", "csrc/sm100/generated/*.cu"),
         arch_family="10.0f",
         accepts=("10.0f", "10.0a", "10.3a"),
+        needs_cutlass=True,
+    ),
+    # Blackwell GeForce / RTX PRO / DGX Spark: CUTLASS block-scaled GemmUniversal on the warp-level MMA.
+    Module(
+        name="_C_sm120",
+        cpp_globs=(),
+        cuda_globs=("csrc/sm120/*.cpp", "csrc/sm120/*.cu", "csrc/sm120/generated/*.cu"),
+        arch_family="12.0f",
+        accepts=("12.0f", "12.0a", "12.1a", "12.1f"),
         needs_cutlass=True,
     ),
 )
@@ -120,7 +130,7 @@ def requested_archs() -> list[str]:
 
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability()
-            return [{9: "9.0a", 10: "10.0f"}.get(major, f"{major}.{minor}")]
+            return [{9: "9.0a", 10: "10.0f", 12: "12.0f"}.get(major, f"{major}.{minor}")]
     except Exception:  # noqa: BLE001 - torch absent or without a driver: build everything
         pass
     return list(ALL_ARCHS)

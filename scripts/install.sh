@@ -5,7 +5,7 @@
 # found through CUDA_HOME, /usr/local/cuda or PATH). torch 2.11.0 from PyPI is the CUDA 13.0 build, which
 # needs an NVIDIA driver >= 580 to see the GPU. A torch you already have is kept when its CUDA major
 # version matches nvcc's (or, without nvcc on a machine without a GPU, any torch >= 2.8).
-# On a machine without a GPU, nvcc builds every supported arch (8.0, 9.0a, 10.0f: what CI checks);
+# On a machine without a GPU, nvcc builds every supported arch (8.0, 9.0a, 10.0f, 12.0f: what CI checks);
 # without nvcc there, only the CPU backend is built. With a GPU visible and no nvcc the script stops
 # rather than build a package that cannot use the GPU.
 #
@@ -151,14 +151,15 @@ if with_cuda:
     else:
         for cap in os.environ["GPU_CAPS"].split():
             major = int(cap.split(".")[0])
-            arch = {9: "9.0a", 10: "10.0f"}.get(major, cap)  # build_manifest.requested_archs' mapping
+            arch = {9: "9.0a", 10: "10.0f", 12: "12.0f"}.get(major, cap)  # build_manifest.requested_archs' mapping
             if arch not in archs:
                 archs.append(arch)
         archs = archs or list(bm.ALL_ARCHS)
 mods = bm.enabled_modules(archs, with_cuda)
 # Rough compile cost of one translation unit in core-minutes, measured on the 2-core CI machine (every
-# arch: ~6-10 min with both cores free): CUTLASS SM100 TUs ~1.2, SM90 ~0.6, the rest ~0.3.
-cost = {"_C": 0.3, "_C_sm90": 0.6, "_C_sm100": 1.2}
+# arch: ~6-10 min with both cores free): CUTLASS SM100 TUs ~1.2, SM90 ~0.6, the rest ~0.3; SM120: three
+# CUTLASS TUs of ~2 core-minutes each (nvcc 13.0, 6.3 GB peak) among 7 files.
+cost = {"_C": 0.3, "_C_sm90": 0.6, "_C_sm100": 1.2, "_C_sm120": 1.0}
 jobs = int(os.environ.get("MAX_JOBS") or 0)
 if not jobs:  # setup.py's default: cores, capped by free memory at ~7 GiB a job
     jobs = os.cpu_count() or 1

@@ -109,7 +109,7 @@ Choice choose(const Problem& p, const DeviceInfo& dev) {
   const std::string forced = env_or_empty("NVFP4_GEMM_BACKEND");
   if (forced == "generic") return Choice{};
   if (!forced.empty() && forced != "auto") {
-    TORCH_CHECK(forced == "sm90" || forced == "sm100", "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of auto, "
+    TORCH_CHECK(forced == "sm90" || forced == "sm100" || forced == "sm120", "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of auto, "
                 "generic, sm90, sm100 (cpu is chosen by putting the tensors on the CPU), got '", forced, "'");
     const BackendApi* api = find_backend(forced);
     TORCH_CHECK(api != nullptr, "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced,
@@ -202,7 +202,7 @@ bool selfcheck_applies(const BackendApi* api) {
   static const std::string mode = env_or_empty("NVFP4_GEMM_SELFCHECK");
   if (mode == "0") return false;
   if (mode == "1") return true;
-  return std::string(api->name) == "sm100";
+  return std::string(api->name) == "sm100" || std::string(api->name) == "sm120";
 }
 
 // Random W4A4 operands of a shape the config runs: uniform bytes (all 16 codes), e4m3 scales over ten

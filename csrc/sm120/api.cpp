@@ -1,0 +1,156 @@
+// The sm120 BackendApi: the table in generated/table.inc, the kernels it names, and the checks that turn
+// a kernel's refusal into a message. Torch-free and CUTLASS-free.
+#include <climits>
+#include <cstdio>
+#include <mutex>
+
+#include <cuda_runtime_api.h>
+
+#include "sm120/api.h"
+#include "sm120/kernel_ops.h"
+#include "sm120/select.h"
+
+namespace nvfp4_gemm::sm120 {
+
+const float* device_one(int device);  // one.cu
+
+#define NVFP4_SM120_CONFIG(name, ...) extern const KernelOps kOps_##name[3];
+#include "sm120/generated/table.inc"
+
+namespace {
+
+// [config][OutDtype]: each generated TU exports its config's kernels, one per output dtype.
+const KernelOps* const kOps[] = {
+#define NVFP4_SM120_CONFIG(name, ...) kOps_##name,
+#include "sm120/generated/table.inc"
+};
+static_assert(sizeof(kOps) / sizeof(kOps[0]) == kNumConfigs);
+
+const char* const kNames[] = {
+#define NVFP4_SM120_CONFIG(name, ...) #name,
+#include "sm120/generated/table.inc"
+};
+
+const KernelOps& ops(int32_t config, OutDtype dt) { return kOps[config][static_cast<int>(dt)]; }
+
+bool valid(int32_t config, OutDtype dt) {
+  return config >= 0 && config < kNumConfigs && static_cast<int>(dt) >= 0 && static_cast<int>(dt) < 3;
+}
+
+// CUTLASS's problem shape is (int, int, int, int): operands.h narrows M, N, K only after this check.
+bool dims_fit(const Problem& p) { return p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX; }
+
+bool api_can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
+  if (!valid(config, p->out_dtype)) {
+    std::snprintf(why, why_len, "sm120 has no config #%d (it has %d) for out dtype %d", config, kNumConfigs,
+                  static_cast<int>(p->out_dtype));
+    return false;
+  }
+  if (!supports_sm(dev->sm)) {
+    std::snprintf(why, why_len,
+                  "%s is built for sm_120f (SM 120 / 121); this device is SM %d", kNames[config], dev->sm);
+    return false;
+  }
+  if (p->alpha2 != nullptr) {
+    std::snprintf(why, why_len, "%s takes one alpha pointer (no alpha2)", kNames[config]);
+    return false;
+  }
+  if (p->a_type != AType::kE2m1) {
+    std::snprintf(why, why_len, "%s multiplies NVFP4 x NVFP4 (W4A4); the weight-only form (16/32-bit a) runs on "
+                  "the generic path", kNames[config]);
+    return false;
+  }
+  if (!dims_fit(*p)) {
+    std::snprintf(why, why_len,
+                  "%s takes M, N, K <= 2^31 - 1 (CUTLASS's 32-bit problem shape); got M=%lld N=%lld K=%lld",
+                  kNames[config], static_cast<long long>(p->m), static_cast<long long>(p->n),
+                  static_cast<long long>(p->k));
+    return false;
+  }
+  char inner[384];
+  if (!ops(config, p->out_dtype).check(*p, *dev, inner, sizeof(inner))) {
+    std::snprintf(why, why_len, "%s: %s", kNames[config], inner);
+    return false;
+  }
+  return true;
+}
+
+int32_t api_select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
+  int32_t c = select_config(*p, *dev, why, why_len);
+  if (c < 0) return -1;
+  return api_can_run(p, c, dev, why, why_len) ? c : -1;
+}
+
+size_t api_workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
+  if (!valid(config, p->out_dtype) || !dims_fit(*p)) return 0;  // can_run refuses these: run never sees them
+  return ops(config, p->out_dtype).workspace(*p, *dev);
+}
+
+// The binding layer sized the workspace with its DeviceInfo; the SM count comes from the same device.
+// Cached per device, under a lock: threads may call on several devices at once.
+bool current_device(DeviceInfo* dev, int* device, char* err, size_t err_len) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mutex;
+  static int sm_count[kMaxDevices] = {};
+  static int sm_version[kMaxDevices] = {};
+  cudaError_t e = cudaGetDevice(device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // taken out of the last-error slot: reported here, not by the next launch check
+    std::snprintf(err, err_len, "sm120: querying the current device failed: %s", cudaGetErrorString(e));
+    return false;
+  }
+  if (*device < 0 || *device >= kMaxDevices) {
+    std::snprintf(err, err_len, "sm120: device index %d is past the %d devices this backend keeps settings for",
+                  *device, kMaxDevices);
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (sm_count[*device] == 0) {
+    int major = 0, minor = 0, count = 0;
+    e = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, *device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::snprintf(err, err_len, "sm120: querying device %d failed: %s", *device, cudaGetErrorString(e));
+      return false;
+    }
+    sm_version[*device] = major * 10 + minor;
+    sm_count[*device] = count;
+  }
+  dev->sm = sm_version[*device];
+  dev->num_sms = sm_count[*device];
+  dev->smem_optin = 0;
+  return true;
+}
+
+bool api_run(const Problem* p, int32_t config, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+         char* err, size_t err_len) {
+  DeviceInfo dev{};
+  int device = 0;
+  if (!current_device(&dev, &device, err, err_len)) return false;
+  if (!api_can_run(p, config, &dev, err, err_len)) return false;
+  const float* alpha = p->alpha;
+  if (!alpha && !(alpha = device_one(device))) {
+    std::snprintf(err, err_len, "sm120: cannot get the device address of the constant 1.0f alpha");
+    return false;
+  }
+  char inner[384];
+  if (!ops(config, p->out_dtype).run(*p, dev, alpha, workspace, workspace_bytes, stream, inner, sizeof(inner))) {
+    std::snprintf(err, err_len, "%s: %s", kNames[config], inner);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const BackendApi& backend_api() {
+  static const BackendApi api{
+      kBackendAbiVersion, "sm120", "sm_120f", kNumConfigs, kNames, &supports_sm, &api_select, &api_can_run,
+      &api_workspace_bytes, &api_run, /*prefers_generic=*/nullptr, &dispatch_rules,
+  };
+  return api;
+}
+
+}  // namespace nvfp4_gemm::sm120
