@@ -299,10 +299,13 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   constexpr int kPer = TOKENS * kWkRows / kWkConsumers;  // values per thread: TOKENS / 2
   int s = 0, phase = 0;
   for (int w = blockIdx.x; w < items; w += gridDim.x) {
-    const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
-    const int kb0 = it.split * kb_per, nkb = min(kb_per, p.kblocks - kb0);
-    const int nt_live = min(NT, (it.rows + 7) / 8);
-    const int a_row0 = it.pad_row0 % 128;
+    int nkb, nt_live, a_row0;
+    {  // what the main loop needs; the rest of the item is looked up again for the epilogue (registers)
+      const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
+      nkb = min(kb_per, p.kblocks - it.split * kb_per);
+      nt_live = min(NT, (it.rows + 7) / 8);
+      a_row0 = it.pad_row0 % 128;
+    }
 
     float acc[4][NT][4];
 #pragma unroll
@@ -357,6 +360,7 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
       if (++s == STAGES) s = 0, phase ^= 1;
     }
     if (w + static_cast<int>(gridDim.x) >= items) cudaTriggerProgrammaticLaunchCompletion();  // the CTA's last item
+    const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
 
     // The 4 K slices of each (row, token) summed in slice order, 8 tokens a round through red. The barrier ahead
     // of each round's writes also keeps them behind every read of the round (or item) before.
