@@ -33,7 +33,8 @@
 namespace nvfp4_gemm::sm90 {
 
 // Pipeline depth per token tile: 8 tokens 4 stages (22 KB each for 16-bit A), 16 tokens 3 (26 KB): with the
-// K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM for up to ~1000 groups.
+// K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM up to ~540 groups (8 tokens) and ~1500 (16);
+// past that the grid is one CTA per SM (grouped_backend.cu asks the occupancy calculator).
 constexpr int gwk_stages(int tokens) { return tokens == 8 ? 4 : 3; }
 inline constexpr int kGwkRedBytes = 4 * 8 * kWkRedStride * 4;  // one round of 8 tokens x 4 K slices
 inline constexpr int kGwkMaxSplits = 16;
