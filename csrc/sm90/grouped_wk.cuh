@@ -28,16 +28,18 @@
 // the group alone with one split.
 #pragma once
 
+#include "sm90/grouped_schedule.h"
 #include "sm90/sm90_wk.cuh"
 
 namespace nvfp4_gemm::sm90 {
+
+static_assert(kGwkCounterRows <= kSplitCounterRows, "a tile's split counter lies in one counter slot");
 
 // Pipeline depth per token tile: 8 tokens 4 stages (22 KB each for 16-bit A), 16 tokens 3 (26 KB): with the
 // K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM up to ~540 groups (8 tokens) and ~1500 (16);
 // past that the grid is one CTA per SM (grouped_backend.cu asks the occupancy calculator).
 constexpr int gwk_stages(int tokens) { return tokens == 8 ? 4 : 3; }
 inline constexpr int kGwkRedBytes = 4 * 8 * kWkRedStride * 4;  // one round of 8 tokens x 4 K slices
-inline constexpr int kGwkMaxSplits = 16;
 inline constexpr int kGwkMaxGroups = 4096;
 // Per group: the first row (start), the cumulative chunk count, the first padded row of sfa; plus one start.
 constexpr int gwk_group_bytes(int groups) { return (3 * groups + 1) * 4; }
@@ -73,18 +75,6 @@ struct GwkParams {
   OutDtype out_dtype;
 };
 
-// The split count every CTA derives from the tile count: one item per tile where the tiles fill the grid, else
-// as many K splits as fit the grid (the last split at most one stage short), within the partial buffer and a
-// counter slot's rows.
-__device__ __forceinline__ int gwk_splits(const GwkParams& p, int tiles, int slots) {
-  if (tiles <= 0 || tiles > kSplitCounterRows) return 1;
-  const int cap = min(min(slots, p.max_items) / tiles, min(p.kblocks, kGwkMaxSplits));
-  int s = p.forced_splits > 0 ? min(p.forced_splits, cap) : (tiles >= slots ? 1 : cap);
-  if (s <= 1) return 1;
-  const int kb = (p.kblocks + s - 1) / s;
-  return (p.kblocks + kb - 1) / kb;
-}
-
 // Exclusive scan over the CTA's kThreads threads with max or sum (values >= 0, identity 0); `total` gets the
 // CTA's result. s_warp holds one word per warp.
 template <int kThreads, bool kMax>
@@ -111,42 +101,6 @@ __device__ __forceinline__ int gwk_block_scan(int v, int* s_warp, int& total) {
   int ex = __shfl_up_sync(0xFFFFFFFFu, x, 1);
   if (lane == 0) ex = 0;
   return kMax ? max(pre, ex) : pre + ex;
-}
-
-struct GwkItem {
-  int g;        // group
-  int row0;     // first row of A / C of the chunk
-  int rows;     // live rows of the chunk (1 .. TOKENS)
-  int rb;       // 128-row block of B
-  int split;
-  int tile;     // (group, row block, chunk) index, for the split counters and partials
-  int pad_row0; // the chunk's first padded row of the grouped blocked sfa
-};
-
-// Work item w (0 <= w < tiles x splits): group g holds items [cum[g-1], cum[g]) x row_blocks x splits,
-// ordered (row block, split, chunk).
-template <int TOKENS>
-__device__ __forceinline__ GwkItem gwk_item(int w, const int* s_start, const int* s_cum, const int* s_pad, int groups,
-                                            int rbs, int splits) {
-  const int q = w / rbs;  // first g with s_cum[g] > q
-  int lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (s_cum[mid] > q) hi = mid;
-    else lo = mid + 1;
-  }
-  GwkItem it;
-  it.g = lo;
-  const int base = lo ? s_cum[lo - 1] : 0, chunks = s_cum[lo] - base;
-  const int local = w - base * rbs;
-  const int c = local % chunks, r = local / chunks;
-  it.split = r % splits;
-  it.rb = r / splits;
-  it.row0 = s_start[lo] + c * TOKENS;
-  it.rows = min(TOKENS, s_start[lo + 1] - it.row0);
-  it.tile = base * (rbs / splits) + it.rb * chunks + c;
-  it.pad_row0 = s_pad[lo] + c * TOKENS;
-  return it;
 }
 
 template <typename T>
@@ -207,13 +161,13 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   const int per = (p.g + kWkThreads - 1) / kWkThreads;
   const int j0 = min(p.g, static_cast<int>(threadIdx.x) * per), j1 = min(p.g, j0 + per);
   int run = 0;
-  for (int j = j0; j < j1; ++j) run = max(run, min(max(__ldg(p.offs + j), 0), p.t));
+  for (int j = j0; j < j1; ++j) run = max(run, gwk_clamped_end(__ldg(p.offs + j), p.t));
   int rows_total = 0;
   int start = gwk_block_scan<kWkThreads, true>(run, s_warp, rows_total);
   int chunks = 0, pads = 0;
   for (int j = j0; j < j1; ++j) {
     s_start[j] = start;
-    const int end = max(start, min(max(__ldg(p.offs + j), 0), p.t));
+    const int end = max(start, gwk_clamped_end(__ldg(p.offs + j), p.t));
     chunks += (end - start + TOKENS - 1) / TOKENS;
     pads += (end - start + 127) / 128 * 128;
     start = end;
@@ -232,7 +186,7 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   __syncthreads();
 
   const int tiles = total_chunks * p.row_blocks;
-  const int splits = gwk_splits(p, tiles, gridDim.x);
+  const int splits = gwk_splits(tiles, gridDim.x, p.max_items, p.kblocks, p.forced_splits);
   const int items = tiles * splits;
   const int rbs = p.row_blocks * splits;
   const int kb_per = (p.kblocks + splits - 1) / splits;
