@@ -14,7 +14,7 @@
 #include "common/grouped_module.h"
 #include "sm90/grouped.h"
 
-NVFP4_GEMM_GROUPED_BACKEND_MODULE(sm90, nvfp4_gemm::sm90::grouped_api())
+NVFP4_GEMM_GROUPED_API(sm90, nvfp4_gemm::sm90::grouped_api())
 
 namespace {
 
