@@ -183,16 +183,22 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
     s_pad[j] = pad;
     pad += (m + 127) / 128 * 128;
   }
+  // The schedule: items, row blocks x splits, splits, stages per split. Kept in shared memory and read where
+  // used, so that the consumers' main loop holds none of it in registers (at 16 tokens it would spill).
+  __shared__ int s_sched[4];
+  if (threadIdx.x == 0) {
+    const int tiles = total_chunks * p.row_blocks;
+    const int splits = gwk_splits(tiles, gridDim.x, p.max_items, p.kblocks, p.forced_splits);
+    s_sched[0] = tiles * splits;
+    s_sched[1] = p.row_blocks * splits;
+    s_sched[2] = splits;
+    s_sched[3] = (p.kblocks + splits - 1) / splits;
+  }
   __syncthreads();
-
-  const int tiles = total_chunks * p.row_blocks;
-  const int splits = gwk_splits(tiles, gridDim.x, p.max_items, p.kblocks, p.forced_splits);
-  const int items = tiles * splits;
-  const int rbs = p.row_blocks * splits;
-  const int kb_per = (p.kblocks + splits - 1) / splits;
 
   if (warp == kWkConsumers / 32) {  // the producer
     if (lane == 0) {
+      const int items = s_sched[0], rbs = s_sched[1], splits = s_sched[2], kb_per = s_sched[3];
       int s = 0, phase = 0, loads = 0;
       for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
@@ -253,11 +259,11 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   const int t = threadIdx.x;
   constexpr int kPer = TOKENS * kWkRows / kWkConsumers;  // values per thread: TOKENS / 2
   int s = 0, phase = 0;
-  for (int w = blockIdx.x; w < items; w += gridDim.x) {
+  for (int w = blockIdx.x; w < s_sched[0]; w += gridDim.x) {
     int nkb, nt_live, a_row0;
     {  // what the main loop needs; the rest of the item is looked up again for the epilogue (registers)
-      const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
-      nkb = min(kb_per, p.kblocks - it.split * kb_per);
+      const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, s_sched[1], s_sched[2]);
+      nkb = min(s_sched[3], p.kblocks - it.split * s_sched[3]);
       nt_live = min(NT, (it.rows + 7) / 8);
       a_row0 = it.pad_row0 % 128;
     }
@@ -314,8 +320,9 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
       if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
       if (++s == STAGES) s = 0, phase ^= 1;
     }
-    if (w + static_cast<int>(gridDim.x) >= items) cudaTriggerProgrammaticLaunchCompletion();  // the CTA's last item
-    const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
+    if (w + static_cast<int>(gridDim.x) >= s_sched[0]) cudaTriggerProgrammaticLaunchCompletion();  // the CTA's last item
+    const int splits = s_sched[2];
+    const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, s_sched[1], splits);
 
     // The 4 K slices of each (row, token) summed in slice order, 8 tokens a round through red. The barrier ahead
     // of each round's writes also keeps them behind every read of the round (or item) before.
