@@ -119,14 +119,14 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
               static_cast<long long>(tokens), static_cast<long long>(max_tiles));
   auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
   if (misaligned(p->a) || misaligned(p->b) || misaligned(p->sfb) || p->lda % 16 != 0 || p->ldb % 16 != 0 ||
-      p->b_group_bytes % 16 != 0 || (a4_of(*p) && misaligned(p->sfa)))
+      p->b_group_bytes % 16 != 0 || (a4_of(*p) && p->t > 0 && misaligned(p->sfa)))
     return no("sm90 grouped: a, b, sfb (and sfa) must be 16-byte aligned with rows and groups 16 bytes apart (TMA "
               "and bulk copies); got lda %lld, ldb %lld, b_group_bytes %lld", static_cast<long long>(p->lda),
               static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
   if (p->ldb < p->k / 2 || p->b_group_bytes < p->n * p->ldb)
     return no("sm90 grouped: b's rows must not overlap (ldb %lld >= K/2, b_group_bytes %lld >= N x ldb)",
               static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
-  if (a4_of(*p)) {
+  if (a4_of(*p) && p->t > 0) {  // T = 0 writes nothing and reads no scale
     if (p->sfa == nullptr || p->sfa_rows < kSfAtomRows || p->sfa_rows % kSfAtomRows != 0)
       return no("sm90 grouped: NVFP4 A needs sfa with a positive multiple of 128 padded rows, got %lld",
                 static_cast<long long>(p->sfa_rows));
