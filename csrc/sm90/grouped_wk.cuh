@@ -36,7 +36,7 @@ namespace nvfp4_gemm::sm90 {
 static_assert(kGwkCounterRows <= kSplitCounterRows, "a tile's split counter lies in one counter slot");
 
 // Pipeline depth per token tile: 8 tokens 4 stages (22 KB each for 16-bit A), 16 tokens 3 (26 KB): with the
-// K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM up to ~540 groups (8 tokens) and ~1500 (16);
+// K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM up to ~460 groups (8 tokens) and ~1200 (16);
 // past that the grid is one CTA per SM (grouped_backend.cu asks the occupancy calculator).
 constexpr int gwk_stages(int tokens) { return tokens == 8 ? 4 : 3; }
 inline constexpr int kGwkRedBytes = 4 * 8 * kWkRedStride * 4;  // one round of 8 tokens x 4 K slices
@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   constexpr int kRedOff = STAGES * kStage;
   constexpr int kBarOff = kRedOff + kGwkRedBytes;
   static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
-  static_assert(2 * (gwk_smem_bytes(TOKENS, kA4, 256) + 1024) <= 233472, "two CTAs per SM at 256 groups");
+  // Per CTA: the dynamic bytes, 2 KB of static shared memory (the 1024-aligned dynamic base) and 1 KB reserved.
+  static_assert(2 * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472, "two CTAs per SM at 256 groups");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   using Dec = BDecode<E>;
