@@ -6,7 +6,8 @@ Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_groupe
 import torch
 
 import nvfp4_gemm  # noqa: F401  (loads _C_sm90)
-from nvfp4_gemm.formats import dequantize, round_up, to_blocked
+from nvfp4_gemm.formats import round_up, to_blocked
+from nvfp4_gemm.testing import Reference
 
 
 def case(counts, n, k, a_kind, config, splits=0, offs_override=None):
@@ -34,13 +35,10 @@ def case(counts, n, k, a_kind, config, splits=0, offs_override=None):
     if offs_override is not None:
         return
     for i, (s, m) in enumerate(zip(starts, counts)):
-        if not m:
-            continue
-        bd = dequantize(b[i], sfb[i], k, torch.float64)
-        ad = a[s:s + m].double() if a_kind != "e2m1" else dequantize(a[s:s + m], sfa_parts[i], k, torch.float64)
-        ref = ad @ bd.T
-        assert torch.allclose(out[s:s + m].double(), ref, rtol=1e-5, atol=1e-3), (counts, i, a_kind, config, splits)
-
+        if m:
+            Reference(dict(a=a[s:s + m], b=b[i], sfa=sfa_parts[i] if a_kind == "e2m1" else None, sfb=sfb[i],
+                           alpha=None, out_dtype=torch.float32)).check(out[s:s + m], f"{counts} group {i} {a_kind} "
+                                                                       f"config {config} splits {splits}")
 
 if __name__ == "__main__":
     ran = 0
