@@ -7,8 +7,8 @@ garbage routing staying inside C, and a CUDA graph replayed while the routing ch
 from __future__ import annotations
 
 import ctypes
-import os
 import random
+import zlib
 
 import pytest
 import torch
@@ -130,7 +130,7 @@ def test_api_table_registered():
 def test_random_routings(a_kind):
     """Random G, N, K (K % 256 == 0), T (not a multiple of anything), routing uniform or skewed (empty groups),
     every output dtype, alpha or none, each config."""
-    rng = random.Random(4011 + hash(str(a_kind)) % 1000)
+    rng = random.Random(4011 + zlib.crc32(str(a_kind).encode()))  # the same cases in every process
     for case in range(12):
         G = rng.choice([1, 2, 3, 8, 17, 64])
         n = rng.choice([8, 120, 128, 136, 384, 1000])
@@ -148,7 +148,7 @@ def test_random_routings(a_kind):
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 @pytest.mark.parametrize("shape", ["one_group_all", "last_group_all", "ones", "one_row", "sparse", "wide_group"])
 def test_edge_routings(a_kind, shape):
-    G, n, k = 9, 264, 512
+    n, k = 264, 512
     counts = {
         "one_group_all": [0, 0, 0, 0, 41, 0, 0, 0, 0],
         "last_group_all": [0] * 8 + [23],

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-import nvfp4_gemm  # noqa: F401
+import nvfp4_gemm  # noqa: F401  (loads _C_sm90)
 from nvfp4_gemm.formats import round_up
 
 SHAPES = {"qwen3": (128, 8, 2048, 768), "mixtral": (8, 2, 4096, 14336), "dsv3": (256, 8, 7168, 2048)}
