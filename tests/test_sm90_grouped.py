@@ -7,7 +7,10 @@ garbage routing staying inside C, and a CUDA graph replayed while the routing ch
 from __future__ import annotations
 
 import ctypes
+import os
 import random
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -286,3 +289,15 @@ def test_public_op_on_sm90(a_kind, monkeypatch):
     x = make_grouped([3, 0, 9, 1], 256, 1024, a_kind, out_dtype=F16, seed=9)
     out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F16)
     check_grouped(x, out, "grouped_mm")
+
+
+def test_workspace_counters_and_sanitize_cases():
+    """The sanitizer case script (empty groups, one group holding every row, groups of one row, T = 37, a group over
+    two sfa blocks, forced splits, garbage routing) in a child process with the counter slots off, so that split
+    launches count on workspace counters zeroed ahead of them (the path taken once a process's slots run out)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "diagnostics", "sm90_grouped_sanitize_cases.py")
+    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS="0", PYTHONPATH=root)
+    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "sm90 grouped sanitize cases ran" in run.stdout

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/grouped.h"
 #include "common/pdl.h"
@@ -185,8 +186,15 @@ bool encode(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* b
 
 // Split-counter slots per stream (split_counters.cuh: each config unit keeps its own counters, zero between
 // launches); -1 where none is free: the launch then counts on workspace counters zeroed ahead of it.
+// NVFP4_GEMM_SM90_COUNTER_SLOTS=0 (read once, as for the dense kernels) takes the workspace path always, for
+// tests of that path.
 int counter_slot(cudaStream_t stream) {
   static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
+  static const bool off = [] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_COUNTER_SLOTS");
+    return env && env[0] == '0';
+  }();
+  if (off) return -1;
   int index = -1;
   if (slots->get(stream, &index) != cudaSuccess) {
     cudaGetLastError();
