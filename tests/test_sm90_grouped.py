@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
-CONFIGS = (-1, 0, 1)  # select's pick, the 8-token config, the 16-token config
+CONFIGS = (-1, 0, 1, 2)  # select's pick, the 8-, 16- and 32-token configs
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +142,7 @@ def test_random_routings(a_kind):
         counts = random_counts(rng, G, T, skew=rng.random() < 0.5)
         out_dtype = rng.choice([F16, BF16, F32])
         alpha = rng.random() < 0.7
-        config = CONFIGS[case % 3]
+        config = CONFIGS[case % len(CONFIGS)]
         x = make_grouped(counts, n, k, a_kind, out_dtype=out_dtype, alpha=alpha, seed=case)
         out = run_grouped(x, config)
         check_grouped(x, out, f"case {case} G {G} N {n} T {T} counts {counts} out {out_dtype} config {config}")
@@ -167,13 +167,15 @@ def test_edge_routings(a_kind, shape):
 
 @pytest.mark.parametrize("a_kind", [F16, E2M1], ids=["f16", "e2m1"])
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 16])
-def test_forced_splits(a_kind, splits):
-    """Split-K over CTAs (partials summed in split order by the last arriver), K 14 stages: uneven splits."""
+@pytest.mark.parametrize("config", [0, 2], ids=["t8", "t32"])
+def test_forced_splits(a_kind, splits, config):
+    """Split-K over CTAs (partials summed in split order by the last arriver), K 14 stages: uneven splits; a group
+    of 37 rows gives the 32-token config a chunk of 5 rows beside a full one."""
     torch.ops.nvfp4_gemm._sm90_grouped_force_splits(splits)
-    x = make_grouped([3, 0, 1], 136, 256 * 14, a_kind, out_dtype=F32, seed=splits)
-    first = run_grouped(x, 0)
-    check_grouped(x, first, f"splits {splits}")
-    again = run_grouped(x, 0)
+    x = make_grouped([3, 0, 1] if config == 0 else [3, 37, 1], 136, 256 * 14, a_kind, out_dtype=F32, seed=splits)
+    first = run_grouped(x, config)
+    check_grouped(x, first, f"splits {splits} config {config}")
+    again = run_grouped(x, config)
     assert torch.equal(first, again), "split sums differ between two runs"
 
 
@@ -194,7 +196,7 @@ def test_same_bits_as_dense_mm(a_kind, monkeypatch):
     torch.ops.nvfp4_gemm._sm90_grouped_force_splits(1)
     prev = torch.ops.nvfp4_gemm._sm90_force_splits(1)
     try:
-        for config in (0, 1):
+        for config in (0, 1, 2):
             out = run_grouped(x, config)
             for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
                 if m == 0:

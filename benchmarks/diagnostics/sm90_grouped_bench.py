@@ -2,7 +2,8 @@
 on MoE layer shapes against the read floor: the bytes of the experts the routing hits (packed weights + their
 scales) at the measured device-to-device copy bandwidth. Each GEMM (gate_up: N = 2I, K = H; down: N = H, K = I)
 is timed as a CUDA graph of back-to-back calls over enough layers that the experts hit exceed 3x L2.
-Run: python benchmarks/diagnostics/sm90_grouped_bench.py [--tokens 1,16,64] [--shapes mixtral,dsv3,qwen3]"""
+--configs -1,0,1,2 times each config (-1: select's pick; 0, 1, 2: the 8-, 16- and 32-token configs) on every point.
+Run: python benchmarks/diagnostics/sm90_grouped_bench.py [--tokens 1,16,64] [--shapes mixtral,dsv3,qwen3] [--configs -1]"""
 import argparse
 import random
 
@@ -37,7 +38,7 @@ def routing(E, topk, tokens, seed):
     return counts
 
 
-def time_gemm(E, n, k, counts, a_kind, bw, l2_bytes):
+def time_gemm(E, n, k, counts, a_kind, bw, l2_bytes, config=-1):
     T = sum(counts)
     kp = round_up(k // 16, 4)
     expert_bytes = n * k // 2 + round_up(n, 128) * kp
@@ -55,7 +56,7 @@ def time_gemm(E, n, k, counts, a_kind, bw, l2_bytes):
         a = torch.randn(T, k, device="cuda").to(a_kind)
         sfa, sfa_rows = None, 0
     out = torch.empty(T, n, dtype=torch.bfloat16, device="cuda")
-    call = lambda w: torch.ops.nvfp4_gemm._sm90_grouped_test(a, w[0], sfa, w[1], offs, None, out, -1, sfa_rows)
+    call = lambda w: torch.ops.nvfp4_gemm._sm90_grouped_test(a, w[0], sfa, w[1], offs, None, out, config, sfa_rows)
     for w in ws:
         call(w)
     reps = 4
@@ -83,25 +84,27 @@ def main():
     ap.add_argument("--tokens", default="1,16,64,256")
     ap.add_argument("--shapes", default="mixtral,dsv3,qwen3")
     ap.add_argument("--a", default="bf16,e2m1")
+    ap.add_argument("--configs", default="-1")
     args = ap.parse_args()
     bw = copy_bandwidth()  # bytes read + written per second by a device copy: what HBM sustains
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"copy bandwidth (read + write) {bw / 1e12:.2f} TB/s, L2 {l2 >> 20} MB")
     kinds = {"bf16": torch.bfloat16, "f16": torch.float16, "e2m1": "e2m1"}
-    print("shape    tokens  A     gemm     rows  us      floor_us  ratio")
+    print("shape    tokens  A     cfg gemm     rows  us      floor_us  ratio")
     for name in args.shapes.split(","):
         E, topk, H, I = SHAPES[name]
         for tokens in (int(t) for t in args.tokens.split(",")):
             counts = routing(E, topk, tokens, seed=tokens)
             for ak in args.a.split(","):
-                tot, tot_floor = 0.0, 0.0
-                for gemm, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
-                    us, floor = time_gemm(E, n, k, counts, kinds[ak], bw, l2)
-                    tot, tot_floor = tot + us, tot_floor + floor
-                    print(f"{name:8s} {tokens:6d}  {ak:5s} {gemm:8s} {sum(counts):5d} {us:7.1f} {floor:8.1f}  {us / floor:5.2f}")
-                print(f"{name:8s} {tokens:6d}  {ak:5s} {'layer':8s} {sum(counts):5d} {tot:7.1f} {tot_floor:8.1f}  "
-                      f"{tot / tot_floor:5.2f}", flush=True)
-
+                for cfg in (int(c) for c in args.configs.split(",")):
+                    tot, tot_floor = 0.0, 0.0
+                    for gemm, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
+                        us, floor = time_gemm(E, n, k, counts, kinds[ak], bw, l2, cfg)
+                        tot, tot_floor = tot + us, tot_floor + floor
+                        print(f"{name:8s} {tokens:6d}  {ak:5s} {cfg:3d} {gemm:8s} {sum(counts):5d} {us:7.1f} {floor:8.1f}  "
+                              f"{us / floor:5.2f}")
+                    print(f"{name:8s} {tokens:6d}  {ak:5s} {cfg:3d} {'layer':8s} {sum(counts):5d} {tot:7.1f} "
+                          f"{tot_floor:8.1f}  {tot / tot_floor:5.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

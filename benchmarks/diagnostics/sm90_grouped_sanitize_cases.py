@@ -1,7 +1,7 @@
 """Grouped-GEMM cases for compute-sanitizer (memcheck, racecheck) on the sm90 grouped kernels, through the
 private op torch.ops.nvfp4_gemm._sm90_grouped_test: empty groups, one group holding every row, groups of one
 row, T not a multiple of anything, a group spanning two sfa blocks, forced split counts (the split counters
-and partials), garbage routing (clamped on the device), fp16 / bf16 / NVFP4 A, both configs.
+and partials), garbage routing (clamped on the device), fp16 / bf16 / NVFP4 A, every config (8, 16 and 32 tokens).
 Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_grouped_sanitize_cases.py"""
 import torch
 
@@ -43,7 +43,7 @@ def case(counts, n, k, a_kind, config, splits=0, offs_override=None):
 if __name__ == "__main__":
     ran = 0
     for a_kind in (torch.float16, torch.bfloat16, "e2m1"):
-        for config in (0, 1):
+        for config in (0, 1, 2):
             for counts in ([0, 0, 37, 0], [1, 1, 1, 1, 1], [3, 0, 0, 5, 0, 1, 2], [0, 130, 1, 0], [0, 0, 0, 1]):
                 case(counts, 136, 512, a_kind, config)
                 ran += 1

@@ -5,13 +5,15 @@
 
 #include "common/grouped.h"
 
-// The grouped K-sliced kernel (grouped_wk.cuh): X(TOKENS, STAGES), 128 B rows x TOKENS rows of a group per work
-// item, 256-K stages, two CTAs per SM. STAGES must equal gwk_stages(TOKENS) (static_assert in grouped_backend.cu).
+// The grouped K-sliced kernel (grouped_wk.cuh): X(TOKENS, STAGES, CTAS), 128 B rows x TOKENS rows of a group per
+// work item, 256-K stages, CTAS per SM. STAGES and CTAS must equal gwk_stages(TOKENS) and gwk_ctas(TOKENS)
+// (static_assert in grouped_backend.cu).
 #define NVFP4_SM90_GROUPED_CONFIGS(X) \
-  X(8, 4)                             \
-  X(16, 3)
+  X(8, 4, 2)                          \
+  X(16, 3, 2)                         \
+  X(32, 4, 1)
 
-#define NVFP4_SM90_GROUPED_NAME(T, S) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b2_tma_mma16816"
+#define NVFP4_SM90_GROUPED_NAME(T, S, B) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
 
 namespace nvfp4_gemm::sm90 {
 const GroupedBackendApi& grouped_api();

@@ -19,8 +19,9 @@
 
 namespace nvfp4_gemm::sm90 {
 
-#define NVFP4_SM90_GROUPED_EXTERN(T, S)                                                   \
-  static_assert(S == gwk_stages(T), "NVFP4_SM90_GROUPED_CONFIGS names the kernel's depth"); \
+#define NVFP4_SM90_GROUPED_EXTERN(T, S, B)                                                \
+  static_assert(S == gwk_stages(T) && B == gwk_ctas(T),                                   \
+                "NVFP4_SM90_GROUPED_CONFIGS names the kernel's depth and CTAs per SM");   \
   extern template cudaError_t launch_gwk<T, AType::kE2m1>(const GwkLaunch&);              \
   extern template cudaError_t launch_gwk<T, AType::kFloat16>(const GwkLaunch&);           \
   extern template cudaError_t launch_gwk<T, AType::kBFloat16>(const GwkLaunch&);          \
@@ -34,18 +35,18 @@ namespace {
 
 using GwkLaunchFn = cudaError_t (*)(const GwkLaunch&);
 using GwkCtasFn = int (*)(int);
-#define NVFP4_SM90_GROUPED_LAUNCH(T, S) \
+#define NVFP4_SM90_GROUPED_LAUNCH(T, S, B) \
   {&launch_gwk<T, AType::kE2m1>, &launch_gwk<T, AType::kFloat16>, &launch_gwk<T, AType::kBFloat16>},
 constexpr GwkLaunchFn kGwkLaunch[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_LAUNCH)};
 #undef NVFP4_SM90_GROUPED_LAUNCH
-#define NVFP4_SM90_GROUPED_CTAS(T, S) \
+#define NVFP4_SM90_GROUPED_CTAS(T, S, B) \
   {&gwk_ctas_per_sm<T, AType::kE2m1>, &gwk_ctas_per_sm<T, AType::kFloat16>, &gwk_ctas_per_sm<T, AType::kBFloat16>},
 constexpr GwkCtasFn kGwkCtas[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_CTAS)};
 #undef NVFP4_SM90_GROUPED_CTAS
-#define NVFP4_SM90_GROUPED_TOKENS(T, S) T,
+#define NVFP4_SM90_GROUPED_TOKENS(T, S, B) T,
 constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKENS)};
 #undef NVFP4_SM90_GROUPED_TOKENS
-#define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S) NVFP4_SM90_GROUPED_NAME(T, S),
+#define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
 constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)};
 #undef NVFP4_SM90_GROUPED_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
@@ -53,11 +54,14 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
                   static_cast<int>(AType::kBFloat16) == 2,
               "the launch tables' columns are AType values");
 
-// Rows per group (on average, over all groups) above which the 16-token config runs: a group of more rows than 8
-// then needs half as many work items, each reading its weight tile once for 16 rows; below it most chunks would
-// hold <= 8 live rows and the 8-token config's deeper pipeline wins. The average is what the host knows without
-// reading offs.
+// Rows per group (on average, over all groups: what the host knows without reading offs) above which the 16- and
+// the 32-token configs run. A work item decodes its weight tile once for up to TOKENS rows of its group, so a
+// group of m rows costs ceil(m / TOKENS) decodes of each of its tiles: past 8 rows per group most groups would
+// need two 8-token chunks, past 12 (Poisson-like routing: ~10% of the groups over 16 rows at a mean of 12, half
+// of them at 16) two 16-token chunks. Below those the smaller config's deeper pipeline (and, against 32 tokens,
+// its two CTAs per SM) win.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
+constexpr int64_t kGwk32FromRowsPerGroup = 12;
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -75,7 +79,8 @@ int smem_of(const GroupedProblem& p, int config) {
   return gwk_smem_bytes(kGwkTokens[config], a4_of(p), static_cast<int>(p.g));
 }
 
-// One wave: the SMs times the CTAs each holds with this problem's shared memory (two up to ~1000 groups).
+// One wave: the SMs times the CTAs each holds with this problem's shared memory (8 and 16 tokens: two up to ~460
+// and ~1200 groups; 32 tokens: one).
 int grid_of(const GroupedProblem& p, int config, const DeviceInfo* dev) {
   const int ctas = kGwkCtas[config][static_cast<int>(p.a_type)](smem_of(p, config));
   return std::max(1, dev->num_sms) * std::clamp(ctas, 1, 2);
@@ -141,8 +146,9 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  const int config = p->t > kGwk16FromRowsPerGroup * p->g ? 1 : 0;
-  static_assert(kGwkTokens[0] == 8 && kGwkTokens[1] == 16, "select names the 8- and 16-token configs");
+  const int config = p->t > kGwk32FromRowsPerGroup * p->g ? 2 : p->t > kGwk16FromRowsPerGroup * p->g ? 1 : 0;
+  static_assert(kGwkTokens[0] == 8 && kGwkTokens[1] == 16 && kGwkTokens[2] == 32,
+                "select names the 8-, 16- and 32-token configs");
   return check(p, config, dev, why, why_len) ? config : -1;
 }
 
@@ -286,8 +292,9 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 }
 
 const char* dispatch_rules() {
-  return "T <= 8 x G (average rows per group <= 8): " NVFP4_SM90_GROUPED_NAME(8, 4) "\n"
-         "T > 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3) "\n"
+  return "T <= 8 x G (average rows per group <= 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
+         "8 x G < T <= 12 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
+         "T > 12 x G: " NVFP4_SM90_GROUPED_NAME(32, 4, 1) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

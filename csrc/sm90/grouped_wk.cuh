@@ -37,8 +37,11 @@ static_assert(kGwkCounterRows <= kSplitCounterRows, "a tile's split counter lies
 
 // Pipeline depth per token tile: 8 tokens 4 stages (22 KB each for 16-bit A), 16 tokens 3 (26 KB): with the
 // K-slice buffer (17 KB) and the group arrays, two CTAs fit an SM up to ~460 groups (8 tokens) and ~1200 (16);
-// past that the grid is one CTA per SM (grouped_backend.cu asks the occupancy calculator).
-constexpr int gwk_stages(int tokens) { return tokens == 8 ? 4 : 3; }
+// past that the grid is one CTA per SM (grouped_backend.cu asks the occupancy calculator). 32 tokens: 4 stages
+// (34 KB) at one CTA per SM, because its accumulators (64 per thread) and fragments of A (32) do not fit the
+// 112 registers of two CTAs per SM (ptxas: 96 at 16 tokens).
+constexpr int gwk_stages(int tokens) { return tokens == 16 ? 3 : 4; }
+constexpr int gwk_ctas(int tokens) { return tokens == 32 ? 1 : 2; }
 inline constexpr int kGwkRedBytes = 4 * 8 * kWkRedStride * 4;  // one round of 8 tokens x 4 K slices
 inline constexpr int kGwkMaxGroups = 4096;
 // Per group: the first row (start), the cumulative chunk count, the first padded row of sfa; plus one start.
@@ -109,8 +112,8 @@ __device__ __forceinline__ void gwk_store(const GwkParams& p, int row, int col, 
 }
 
 template <int TOKENS, AType A>
-__global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constant__ GwkParams p) {
-  static_assert(TOKENS == 8 || TOKENS == 16, "one or two n-tiles of 8 tokens");
+__global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const __grid_constant__ GwkParams p) {
+  static_assert(TOKENS == 8 || TOKENS == 16 || TOKENS == 32, "one, two or four n-tiles of 8 tokens");
   static_assert(A == AType::kE2m1 || A == AType::kFloat16 || A == AType::kBFloat16, "e2m1, fp16 or bf16 A");
   constexpr bool kA4 = A == AType::kE2m1;
   constexpr Elem E = A == AType::kBFloat16 ? Elem::kBf16 : Elem::kHalf;
@@ -125,7 +128,8 @@ __global__ void __launch_bounds__(kWkThreads, 2) gwk_kernel(const __grid_constan
   constexpr int kBarOff = kRedOff + kGwkRedBytes;
   static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
   // Per CTA: the dynamic bytes, 2 KB of static shared memory (the 1024-aligned dynamic base) and 1 KB reserved.
-  static_assert(2 * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472, "two CTAs per SM at 256 groups");
+  static_assert(gwk_ctas(TOKENS) * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472, "gwk_ctas per SM at 256 groups");
+  static_assert(gwk_smem_bytes(TOKENS, kA4, kGwkMaxGroups) + 3072 <= 233472, "one CTA per SM at the most groups");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   using Dec = BDecode<E>;

@@ -119,8 +119,11 @@ int main() {
   check_case<8>({0, 0, 0}, 0, 4, 4, 264, 0, true);
   check_case<16>({0, 0, 0, 37}, 37, 2, 56, 264, 0, true);
   check_case<8>({9, 4, 20, 16}, 16, 2, 3, 264, 3, false);
+  check_case<32>({0, 70, 70, 101, 101, 230}, 230, 12, 8, 132, 0, true);
+  check_case<32>({40, 12, 300, 64}, 64, 5, 3, 132, 2, false);
   sweep<8>(rng, 3000);
   sweep<16>(rng, 3000);
+  sweep<32>(rng, 3000);
   // The split rule on the shapes that matter: Mixtral down at one token (2 groups x 32 row blocks, K 56 stages):
   // 4 splits of 14 stages; DeepSeek-V3 gate_up at one token (8 x 32 tiles): no split.
   CHECK(gwk_splits(64, 264, 264, 56, 0) == 4, "mixtral down splits %d", gwk_splits(64, 264, 264, 56, 0));
