@@ -25,12 +25,22 @@ NVFP4_GWK_HD int gwk_clamped_end(int32_t off, int t) { return gwk_min(gwk_max(of
 
 // The split count every CTA derives from the tile count (tiles = chunks x row blocks): one item per tile where the
 // tiles fill the grid (`slots` CTAs), else as many K splits as fit the grid, within the partial buffer
-// (max_items) and one counter per tile; spread evenly (the last split at most one stage short, none empty).
-// forced > 0 (tests): that count where the buffers allow it.
+// (max_items) and one counter per tile, each of at least kGwkMinSplitStages stages; spread evenly (the last
+// split at most one stage short, none empty). forced > 0 (tests): that count where the buffers allow it, down to
+// one stage a split.
+//
+// Why at least two stages: a split costs its item the fix-up (partials to L2, an atomic round trip, the last
+// arriver's loads: two L2 round trips on the critical path) and saves the stages it moves to another CTA. A split
+// of one stage saves at most one stage (~0.7 us at 8 tokens, two CTAs per SM), less than the fix-up; and at
+// K = 768 (Qwen3-30B-A3B's down projection: 3 stages) the two splits of 2 and 1 stages landed two long items
+// on half the SMs (the items of one SM are 132 apart, so they share the split's parity) while one item of 3
+// stages per SM would have taken the same time without a fix-up.
+inline constexpr int kGwkMinSplitStages = 2;
 NVFP4_GWK_HD int gwk_splits(int tiles, int slots, int max_items, int kblocks, int forced) {
   if (tiles <= 0 || tiles > kGwkCounterRows) return 1;
   const int cap = gwk_min(gwk_min(slots, max_items) / tiles, gwk_min(kblocks, kGwkMaxSplits));
-  const int s = forced > 0 ? gwk_min(forced, cap) : (tiles >= slots ? 1 : cap);
+  const int s = forced > 0 ? gwk_min(forced, cap)
+                           : (tiles >= slots ? 1 : gwk_min(cap, kblocks / kGwkMinSplitStages));
   if (s <= 1) return 1;
   const int kb = (kblocks + s - 1) / s;
   return (kblocks + kb - 1) / kb;

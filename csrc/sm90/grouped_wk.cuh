@@ -78,17 +78,17 @@ struct GwkParams {
   OutDtype out_dtype;
 };
 
-// Exclusive scan over the CTA's kThreads threads with max or sum (values >= 0, identity 0); `total` gets the
-// CTA's result. s_warp holds one word per warp.
-template <int kThreads, bool kMax>
-__device__ __forceinline__ int gwk_block_scan(int v, int* s_warp, int& total) {
+// Exclusive running max over the CTA's kThreads threads (values >= 0, identity 0); `total` gets the CTA's max.
+// s_warp holds one word per warp.
+template <int kThreads>
+__device__ __forceinline__ int gwk_block_max_scan(int v, int* s_warp, int& total) {
   constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
     const int y = __shfl_up_sync(0xFFFFFFFFu, x, d);
-    if (lane >= d) x = kMax ? max(x, y) : x + y;
+    if (lane >= d) x = max(x, y);
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
@@ -96,14 +96,40 @@ __device__ __forceinline__ int gwk_block_scan(int v, int* s_warp, int& total) {
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
     const int y = s_warp[w];
-    if (w < warp) pre = kMax ? max(pre, y) : pre + y;
-    all = kMax ? max(all, y) : all + y;
+    if (w < warp) pre = max(pre, y);
+    all = max(all, y);
   }
   __syncthreads();  // s_warp free for the next scan
   total = all;
   int ex = __shfl_up_sync(0xFFFFFFFFu, x, 1);
   if (lane == 0) ex = 0;
-  return kMax ? max(pre, ex) : pre + ex;
+  return max(pre, ex);
+}
+
+// Exclusive sums of two values at once over the CTA's kThreads threads (values >= 0): one pair of barriers for
+// both. s_warp holds two words per warp.
+template <int kThreads>
+__device__ __forceinline__ int2 gwk_block_sum2(int a, int b, int* s_warp, int& total_a, int& total_b) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = a, y = b;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int xa = __shfl_up_sync(0xFFFFFFFFu, x, d), yb = __shfl_up_sync(0xFFFFFFFFu, y, d);
+    if (lane >= d) x += xa, y += yb;
+  }
+  if (lane == 31) s_warp[2 * warp] = x, s_warp[2 * warp + 1] = y;
+  __syncthreads();
+  int pa = 0, pb = 0, ta = 0, tb = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int wa = s_warp[2 * w], wb = s_warp[2 * w + 1];
+    if (w < warp) pa += wa, pb += wb;
+    ta += wa, tb += wb;
+  }
+  __syncthreads();  // s_warp free for the next scan
+  total_a = ta, total_b = tb;
+  return make_int2(pa + x - a, pb + y - b);  // inclusive minus own: exclusive
 }
 
 template <typename T>
@@ -141,7 +167,7 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   int* s_start = reinterpret_cast<int*>(empty_bar + STAGES);  // [g + 1]
   int* s_cum = s_start + p.g + 1;                              // [g]
   int* s_pad = s_cum + p.g;                                    // [g]
-  __shared__ int s_warp[kWkThreads / 32];
+  __shared__ int s_warp[2 * (kWkThreads / 32)];
   __shared__ uint32_t s_last;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -162,13 +188,14 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
 
   // Scan of offs, each thread a contiguous run of groups: pass 1 the running max of the clamped ends (group
   // j's rows are [max(end_0 .. end_{j-1}), max(end_0 .. end_j)): a decrease makes an empty group), pass 2 the
-  // chunk and padded-row counts. Integers throughout: every CTA finds the same work list.
+  // chunk and padded-row counts (one scan for both: every barrier pair here is on the path from the grid
+  // dependency to the first weight load). Integers throughout: every CTA finds the same work list.
   const int per = (p.g + kWkThreads - 1) / kWkThreads;
   const int j0 = min(p.g, static_cast<int>(threadIdx.x) * per), j1 = min(p.g, j0 + per);
   int run = 0;
   for (int j = j0; j < j1; ++j) run = max(run, gwk_clamped_end(__ldg(p.offs + j), p.t));
   int rows_total = 0;
-  int start = gwk_block_scan<kWkThreads, true>(run, s_warp, rows_total);
+  int start = gwk_block_max_scan<kWkThreads>(run, s_warp, rows_total);
   int chunks = 0, pads = 0;
   for (int j = j0; j < j1; ++j) {
     s_start[j] = start;
@@ -179,8 +206,8 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   }
   if (threadIdx.x == 0) s_start[p.g] = rows_total;
   int total_chunks = 0, total_pad = 0;
-  int cum = gwk_block_scan<kWkThreads, false>(chunks, s_warp, total_chunks);
-  int pad = gwk_block_scan<kWkThreads, false>(pads, s_warp, total_pad);
+  const int2 ex = gwk_block_sum2<kWkThreads>(chunks, pads, s_warp, total_chunks, total_pad);
+  int cum = ex.x, pad = ex.y;
   for (int j = j0; j < j1; ++j) {
     const int m = s_start[j + 1] - s_start[j];
     cum += (m + TOKENS - 1) / TOKENS;

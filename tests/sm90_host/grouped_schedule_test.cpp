@@ -38,6 +38,7 @@ void check_case(const std::vector<int32_t>& offs, int t, int row_blocks, int kbl
   CHECK(splits >= 1 && splits <= kGwkMaxSplits && splits <= kblocks, "splits %d", splits);
   const int kb_per = (kblocks + splits - 1) / splits;
   CHECK((splits - 1) * kb_per < kblocks, "empty last split: kblocks %d splits %d", kblocks, splits);
+  if (forced == 0 && splits > 1) CHECK(kblocks / splits >= kGwkMinSplitStages, "kblocks %d splits %d", kblocks, splits);
   if (splits > 1) CHECK(tiles * splits <= max_items && tiles <= kGwkCounterRows, "tiles %d splits %d", tiles, splits);
   const int items = tiles * splits, rbs = row_blocks * splits;
   std::set<std::tuple<int, int, int, int>> seen;
@@ -129,6 +130,12 @@ int main() {
   CHECK(gwk_splits(64, 264, 264, 56, 0) == 4, "mixtral down splits %d", gwk_splits(64, 264, 264, 56, 0));
   CHECK(gwk_splits(256, 264, 264, 28, 0) == 1, "dsv3 gate_up splits %d", gwk_splits(256, 264, 264, 28, 0));
   CHECK(gwk_splits(600, 264, 264, 28, 4) == 1, "forced splits past the buffers");
+  // Qwen3-30B-A3B at one token (8 groups of one row): gate_up (8 x 12 tiles, K 8 stages) 2 splits of 4; down
+  // (8 x 16 tiles, K 3 stages) none (a split would hold one stage); forced, down to one stage a split.
+  CHECK(gwk_splits(96, 264, 264, 8, 0) == 2, "qwen3 gate_up splits %d", gwk_splits(96, 264, 264, 8, 0));
+  CHECK(gwk_splits(128, 264, 264, 3, 0) == 1, "qwen3 down splits %d", gwk_splits(128, 264, 264, 3, 0));
+  CHECK(gwk_splits(1, 264, 264, 3, 0) == 1 && gwk_splits(1, 264, 264, 4, 0) == 2, "small K splits");
+  CHECK(gwk_splits(1, 264, 264, 3, 16) == 3, "forced splits of one stage %d", gwk_splits(1, 264, 264, 3, 16));
   if (failures) {
     std::printf("grouped_schedule_test: %d failures\n", failures);
     return 1;
