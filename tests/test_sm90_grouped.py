@@ -186,6 +186,15 @@ def test_tiny_scales_and_bf16_out():
     check_grouped(x, run_grouped(x), "tiny scales e2m1")
 
 
+@pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
+def test_select_rows_per_group(a_kind):
+    """select by average rows per group: T <= 8 G, 8 G < T <= 12 G and T > 12 G (the 8-, 16- and 32-token configs),
+    groups of tens of rows beside empty and one-row groups; each against the reference."""
+    for counts in ([9, 0, 14, 1], [20, 0, 19, 1], [70, 0, 1, 33]):
+        x = make_grouped(counts, 264, 768, a_kind, out_dtype=BF16, seed=sum(counts))
+        check_grouped(x, run_grouped(x), f"select counts {counts}")
+
+
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_same_bits_as_dense_mm(a_kind, monkeypatch):
     """With one split per tile, each group's rows are bit for bit the dense sm90 K-sliced kernel's (one split) on
