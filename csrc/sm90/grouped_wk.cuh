@@ -20,7 +20,7 @@
 // runs ahead into the next item while the consumers finish the current one. Rows of the box past the group's
 // end belong to other groups (or are zero past t): they are multiplied like the others and never stored, and
 // no token's column mixes with another's in the MMA. The K-slice sums go through a buffer of their own (not
-// the pipeline's bytes, which the producer is already refilling), 8 tokens a round.
+// the pipeline's bytes, which the producer is already refilling), 8 tokens a round (16 at 32 tokens).
 //
 // Numerics: exactly those of sm90_wk.cuh per (row, token): the same decode, the same MMA order over a stage, the
 // four K slices summed in slice order, splits summed in split order by the last arriver, then
@@ -42,12 +42,15 @@ static_assert(kGwkCounterRows <= kSplitCounterRows, "a tile's split counter lies
 // 112 registers of two CTAs per SM (ptxas: 96 at 16 tokens).
 constexpr int gwk_stages(int tokens) { return tokens == 16 ? 3 : 4; }
 constexpr int gwk_ctas(int tokens) { return tokens == 32 ? 1 : 2; }
-inline constexpr int kGwkRedBytes = 4 * 8 * kWkRedStride * 4;  // one round of 8 tokens x 4 K slices
+// Tokens per round of the K-slice sums: 8 (17 KB), or 16 (34 KB) at 32 tokens, where one CTA per SM leaves the room
+// and a round costs the CTA's consumers two barriers with no other CTA on the SM to fill them.
+constexpr int gwk_red_tokens(int tokens) { return tokens == 32 ? 16 : 8; }
+constexpr int gwk_red_bytes(int tokens) { return 4 * gwk_red_tokens(tokens) * kWkRedStride * 4; }
 inline constexpr int kGwkMaxGroups = 4096;
 // Per group: the first row (start), the cumulative chunk count, the first padded row of sfa; plus one start.
 constexpr int gwk_group_bytes(int groups) { return (3 * groups + 1) * 4; }
 constexpr int gwk_fixed_bytes(int tokens, bool a4) {
-  return gwk_stages(tokens) * wk_stage_bytes(tokens, a4) + kGwkRedBytes + 2 * gwk_stages(tokens) * 8 + 1024;
+  return gwk_stages(tokens) * wk_stage_bytes(tokens, a4) + gwk_red_bytes(tokens) + 2 * gwk_stages(tokens) * 8 + 1024;
 }
 constexpr int gwk_smem_bytes(int tokens, bool a4, int groups) {
   return gwk_fixed_bytes(tokens, a4) + gwk_group_bytes(groups);
@@ -151,7 +154,8 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   constexpr int kABox = kA4 ? TOKENS * kWkK / 2 : TOKENS * 128;
   constexpr int kAsfOff = kAOff + kABox;
   constexpr int kRedOff = STAGES * kStage;
-  constexpr int kBarOff = kRedOff + kGwkRedBytes;
+  constexpr int kBarOff = kRedOff + gwk_red_bytes(TOKENS);
+  constexpr int RT = gwk_red_tokens(TOKENS), RJ = RT / 8;  // tokens and n-tiles per round of the K-slice sums
   static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
   // Per CTA: the dynamic bytes, 2 KB of static shared memory (the 1024-aligned dynamic base) and 1 KB reserved.
   static_assert(gwk_ctas(TOKENS) * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472, "gwk_ctas per SM at 256 groups");
@@ -287,7 +291,7 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   for (int mt = 0; mt < 4; ++mt) asm volatile("" : "+r"(sfo[mt][0]), "+r"(sfo[mt][1]));
   asm volatile("" : "+r"(b_off));
 
-  float* red = reinterpret_cast<float*>(smem + kRedOff);  // [ks][8 tokens][kWkRedStride]
+  float* red = reinterpret_cast<float*>(smem + kRedOff);  // [ks][RT tokens][kWkRedStride]
   const int t = threadIdx.x;
   constexpr int kPer = TOKENS * kWkRows / kWkConsumers;  // values per thread: TOKENS / 2
   int s = 0, phase = 0;
@@ -356,27 +360,30 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
     const int splits = s_sched[2];
     const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, s_sched[1], splits);
 
-    // The 4 K slices of each (row, token) summed in slice order, 8 tokens a round through red. The barrier ahead
-    // of each round's writes also keeps them behind every read of the round (or item) before.
+    // The 4 K slices of each (row, token) summed in slice order, RT tokens (RJ n-tiles) a round through red. The
+    // barrier ahead of each round's writes also keeps them behind every read of the round (or item) before. A
+    // round's n-tiles past the live rows hold zeros (never accumulated): summed, never stored.
     float v[kPer];
 #pragma unroll
     for (int x = 0; x < kPer; ++x) v[x] = 0.f;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      if (NT > 1 && j >= nt_live) break;
+    for (int j0 = 0; j0 < NT; j0 += RJ) {
+      if (NT > RJ && j0 >= nt_live) break;
       cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int jj = 0; jj < RJ; ++jj)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = 2 * tig + (e & 1), row = row_base + 16 * mt + (e >> 1) * 8;
-          red[(ks * 8 + token) * kWkRedStride + row] = acc[mt][j][e];
-        }
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int token = 8 * jj + 2 * tig + (e & 1), row = row_base + 16 * mt + (e >> 1) * 8;
+            red[(ks * RT + token) * kWkRedStride + row] = acc[mt][j0 + jj][e];
+          }
       cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
+      for (int x = 0; x < 4 * RJ; ++x) {  // token 8 j0 + t / 128 + 2 x of the round's RT
         const float* r = red + (t / kWkRows + 2 * x) * kWkRedStride + t % kWkRows;
-        v[4 * j + x] = ((r[0] + r[8 * kWkRedStride]) + r[16 * kWkRedStride]) + r[24 * kWkRedStride];
+        v[4 * j0 + x] = ((r[0] + r[RT * kWkRedStride]) + r[2 * RT * kWkRedStride]) + r[3 * RT * kWkRedStride];
       }
     }
     if (splits > 1) {
