@@ -17,10 +17,13 @@
 // Pipeline: as in the K-sliced kernel (one producer warp issuing TMA boxes of B [g][n][k/2] through a 3-D map,
 // the stage's scale atoms of B and A, and A's box of TOKENS rows at the chunk's first row; 8 consumer warps,
 // warp (rg, ks) taking 64 rows x 64 K of each 256-K stage), but continuous over the CTA's items: the producer
-// runs ahead into the next item while the consumers finish the current one. Rows of the box past the group's
-// end belong to other groups (or are zero past t): they are multiplied like the others and never stored, and
-// no token's column mixes with another's in the MMA. The K-slice sums go through a buffer of their own (not
-// the pipeline's bytes, which the producer is already refilling), 8 tokens a round (16 at 32 tokens).
+// runs ahead into the next item while the consumers finish the current one. The producer alone maps an item
+// index to its (group, chunk, row block, split) (a binary search over the groups and four divisions, ~500 cycles)
+// and hands the result to the consumers through a ring in shared memory (s_items), so that the item's path through
+// the consumers holds no search. Rows of the box past the group's end belong to other groups (or are zero past
+// t): they are multiplied like the others and never stored, and no token's column mixes with another's in the
+// MMA. The K-slice sums go through a buffer of their own (not the pipeline's bytes, which the producer is already
+// refilling), 8 tokens a round (16 at 32 tokens).
 //
 // Numerics: exactly those of sm90_wk.cuh per (row, token): the same decode, the same MMA order over a stage, the
 // four K slices summed in slice order, splits summed in split order by the last arriver, then
@@ -80,6 +83,17 @@ struct GwkParams {
   float out_mult;       // 2^7
   OutDtype out_dtype;
 };
+
+// A work item as the producer found it (grouped_schedule.h) and its stage count, for the consumers.
+struct GwkSlot {
+  GwkItem it;
+  int nkb;
+};
+
+// The s_items entry of the CTA's item w (blockIdx.x, + gridDim.x, ...): its count among the CTA's items, mod ring.
+__device__ __forceinline__ int gwk_ring_index(int w, int ring) {
+  return (w - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) % ring;
+}
 
 // Exclusive running max over the CTA's kThreads threads (values >= 0, identity 0); `total` gets the CTA's max.
 // s_warp holds one word per warp.
@@ -172,6 +186,12 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   int* s_cum = s_start + p.g + 1;                              // [g]
   int* s_pad = s_cum + p.g;                                    // [g]
   __shared__ int s_warp[2 * (kWkThreads / 32)];
+  // The CTA's items in flight, written by the producer as it issues an item's first stage (after that stage's empty
+  // barrier: the consumers have then left the item kRing back, whose entry this was) and read by the consumers
+  // once that stage has landed (the full barrier's arrive releases the entry's stores). STAGES + 1 entries: the
+  // producer runs at most STAGES stages, so STAGES items, ahead of the item the consumers are finishing.
+  constexpr int kRing = STAGES + 1;
+  __shared__ GwkSlot s_items[kRing];
   __shared__ uint32_t s_last;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -235,7 +255,7 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   if (warp == kWkConsumers / 32) {  // the producer
     if (lane == 0) {
       const int items = s_sched[0], rbs = s_sched[1], splits = s_sched[2], kb_per = s_sched[3];
-      int s = 0, phase = 0, loads = 0;
+      int s = 0, phase = 0, loads = 0, n = 0;
       for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
         const int kb0 = it.split * kb_per, nkb = min(kb_per, p.kblocks - kb0);
@@ -250,6 +270,11 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
           // The CTA's first stage alone, the rest once it has landed (sm90_wk.cuh, "Filling the pipeline").
           if (loads == 1) Barrier::wait(&full_bar[0], 0);
           EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
+          if (i == 0) {
+            s_items[n] = GwkSlot{it, nkb};
+            if (++n == kRing) n = 0;
+            asm volatile("" ::: "memory");  // the entry's stores stay ahead of the arrive (release) below
+          }
           const int kb = kb0 + i;
           uint8_t* st = smem + s * kStage;
           Barrier::arrive_and_expect_tx(&full_bar[s], kStage);
@@ -296,22 +321,24 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   constexpr int kPer = TOKENS * kWkRows / kWkConsumers;  // values per thread: TOKENS / 2
   int s = 0, phase = 0;
   for (int w = blockIdx.x; w < s_sched[0]; w += gridDim.x) {
-    int nkb, nt_live, a_row0;
-    {  // what the main loop needs; the rest of the item is looked up again for the epilogue (registers)
-      const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, s_sched[1], s_sched[2]);
-      nkb = min(s_sched[3], p.kblocks - it.split * s_sched[3]);
-      nt_live = min(NT, (it.rows + 7) / 8);
-      a_row0 = it.pad_row0 % 128;
-    }
-
+    const int n = gwk_ring_index(w, kRing);
     float acc[4][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
 
+    // The item's first stage, then its entry (s_items): the main loop keeps only these three.
+    int nkb = 1, nt_live = NT, a_row0 = 0;
     for (int i = 0; i < nkb; ++i) {
       Barrier::wait(&full_bar[s], phase);
+      if (i == 0) {
+        asm volatile("" ::: "memory");  // no read of the entry ahead of the wait
+        const volatile GwkSlot& slot = s_items[n];
+        nkb = slot.nkb;
+        nt_live = min(NT, (slot.it.rows + 7) / 8);
+        a_row0 = slot.it.pad_row0 % 128;
+      }
       const uint8_t* st = smem + s * kStage;
       uint32_t af[NT][8];
 #pragma unroll
@@ -358,7 +385,12 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
     }
     if (w + static_cast<int>(gridDim.x) >= s_sched[0]) cudaTriggerProgrammaticLaunchCompletion();  // the CTA's last item
     const int splits = s_sched[2];
-    const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, s_sched[1], splits);
+    // The entry stays until this item's stages are all released (see s_items); its fields read where used
+    // (volatile), not held through the sums. At 16 tokens with bf16 A the kernel sits at its 96-register bound:
+    // ptxas keeps two loop-invariant words in local memory (one store per CTA, two L1 loads per item, none in the
+    // main loop), where recomputing the item here (a binary search over the groups and four divisions: ~500 cycles
+    // on every item's path) kept them in registers.
+    const volatile GwkItem& it = s_items[n].it;
 
     // The 4 K slices of each (row, token) summed in slice order, RT tokens (RJ n-tiles) a round through red. The
     // barrier ahead of each round's writes also keeps them behind every read of the round (or item) before. A
@@ -387,7 +419,8 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
       }
     }
     if (splits > 1) {
-      float* mine = p.partial + (static_cast<int64_t>(it.tile) * splits + it.split) * (TOKENS * kWkRows);
+      const int tile = it.tile;
+      float* mine = p.partial + (static_cast<int64_t>(tile) * splits + it.split) * (TOKENS * kWkRows);
 #pragma unroll
       for (int x = 0; x < kPer; ++x) __stcg(mine + x * kWkConsumers + t, v[x]);
       // As in sm90_wk.cuh: the barrier orders the CTA's stores before thread 0's release, its acquire the last
@@ -395,12 +428,12 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
       cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
       uint32_t* counters = split_counters(p.counter_slot, p.counters);
       if (t == 0) {
-        s_last = atomic_add_acq_rel(counters + it.tile, 1u) == static_cast<uint32_t>(splits - 1);
-        if (s_last) counters[it.tile] = 0;  // every split has arrived: zero for the next launch
+        s_last = atomic_add_acq_rel(counters + tile, 1u) == static_cast<uint32_t>(splits - 1);
+        if (s_last) counters[tile] = 0;  // every split has arrived: zero for the next launch
       }
       cutlass::arch::NamedBarrier::arrive_and_wait(kWkConsumers, 1);
       if (!s_last) continue;
-      const float* base = p.partial + static_cast<int64_t>(it.tile) * splits * (TOKENS * kWkRows) + t;
+      const float* base = p.partial + static_cast<int64_t>(tile) * splits * (TOKENS * kWkRows) + t;
       for (int q = 0; q < splits; ++q) {  // split order, whatever the arrival order
         float wv[kPer];
 #pragma unroll
@@ -410,16 +443,16 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
       }
     }
     const float scale = p.alpha ? p.out_mult * __ldg(p.alpha + it.g) : p.out_mult;
-    const int col = it.rb * kWkRows + t % kWkRows;
+    const int col = it.rb * kWkRows + t % kWkRows, rows = it.rows, row0 = it.row0;
     if (col < p.n) {
 #pragma unroll
       for (int x = 0; x < kPer; ++x) {
         const int token = (x / 4) * 8 + t / kWkRows + 2 * (x % 4);
-        if (token >= it.rows) continue;
+        if (token >= rows) continue;
         switch (p.out_dtype) {
-          case OutDtype::kFloat16: gwk_store<__half>(p, it.row0 + token, col, v[x] * scale); break;
-          case OutDtype::kBFloat16: gwk_store<__nv_bfloat16>(p, it.row0 + token, col, v[x] * scale); break;
-          default: gwk_store<float>(p, it.row0 + token, col, v[x] * scale); break;
+          case OutDtype::kFloat16: gwk_store<__half>(p, row0 + token, col, v[x] * scale); break;
+          case OutDtype::kBFloat16: gwk_store<__nv_bfloat16>(p, row0 + token, col, v[x] * scale); break;
+          default: gwk_store<float>(p, row0 + token, col, v[x] * scale); break;
         }
       }
     }
