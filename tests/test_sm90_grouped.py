@@ -186,6 +186,18 @@ def test_tiny_scales_and_bf16_out():
     check_grouped(x, run_grouped(x), "tiny scales e2m1")
 
 
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+@pytest.mark.parametrize("config", [0, 1, 2], ids=["t8", "t16", "t32"])
+def test_many_items_per_cta(a_kind, config):
+    """Many short work items per CTA (N 8192: 64 row blocks; K of one and two stages): 207 rows over 18 groups make
+    34 / 23 / 18 chunks of 8 / 16 / 32 rows, 2176 / 1472 / 1152 items over 264 / 264 / 132 CTAs on an H100 / H200,
+    more per CTA than its item ring (s_items: 5 / 4 / 5 entries) holds, the producer stages and items ahead."""
+    counts = [5, 0, 9, 1, 40, 3, 0, 2, 17, 8, 8, 30, 12, 25, 7, 33, 1, 6]
+    for k in (256, 512):
+        x = make_grouped(counts, 8192, k, a_kind, out_dtype=BF16, seed=k + config)
+        check_grouped(x, run_grouped(x, config), f"counts {counts} k {k} config {config}")
+
+
 @pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
 def test_select_rows_per_group(a_kind):
     """select by average rows per group: T <= 8 G, 8 G < T <= 12 G and T > 12 G (the 8-, 16- and 32-token configs),

@@ -1,8 +1,13 @@
 """Grouped-GEMM cases for compute-sanitizer (memcheck, racecheck) on the sm90 grouped kernels, through the
 private op torch.ops.nvfp4_gemm._sm90_grouped_test: empty groups, one group holding every row, groups of one
 row, T not a multiple of anything, a group spanning two sfa blocks, forced split counts (the split counters
-and partials), garbage routing (clamped on the device), fp16 / bf16 / NVFP4 A, every config (8, 16 and 32 tokens).
-Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_grouped_sanitize_cases.py"""
+and partials), garbage routing (clamped on the device), fp16 / bf16 / NVFP4 A, every config (8, 16 and 32 tokens);
+--ring adds, --ring-only runs alone, a launch of many one-stage items per CTA (each CTA's item ring s_items wraps).
+Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_grouped_sanitize_cases.py [--configs 0,1,2]
+[--a f16,bf16,e2m1] [--ring | --ring-only] (a subset, to fit a sanitizer run into a time budget; all of them by
+default)"""
+import argparse
+
 import torch
 
 import nvfp4_gemm  # noqa: F401  (loads _C_sm90)
@@ -41,9 +46,24 @@ def case(counts, n, k, a_kind, config, splits=0, offs_override=None):
                                                                        f"config {config} splits {splits}")
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="0,1,2")
+    ap.add_argument("--a", default="f16,bf16,e2m1")
+    ap.add_argument("--ring", action="store_true")
+    ap.add_argument("--ring-only", action="store_true")
+    args = ap.parse_args()
+    # 207 rows over 18 groups, N 8192 (64 row blocks), K 256: 34 / 23 / 18 chunks of 8 / 16 / 32 rows, so
+    # 2176 / 1472 / 1152 one-stage items over 264 / 264 / 132 CTAs: more items per CTA than its ring's 5 / 4 / 5.
+    ring_counts = [5, 0, 9, 1, 40, 3, 0, 2, 17, 8, 8, 30, 12, 25, 7, 33, 1, 6]
+    kinds = {"f16": torch.float16, "bf16": torch.bfloat16, "e2m1": "e2m1"}
     ran = 0
-    for a_kind in (torch.float16, torch.bfloat16, "e2m1"):
-        for config in (0, 1, 2):
+    for a_kind in (kinds[k] for k in args.a.split(",")):
+        for config in (int(c) for c in args.configs.split(",")):
+            if args.ring or args.ring_only:
+                case(ring_counts, 8192, 256, a_kind, config)
+                ran += 1
+            if args.ring_only:
+                continue
             for counts in ([0, 0, 37, 0], [1, 1, 1, 1, 1], [3, 0, 0, 5, 0, 1, 2], [0, 130, 1, 0], [0, 0, 0, 1]):
                 case(counts, 136, 512, a_kind, config)
                 ran += 1
