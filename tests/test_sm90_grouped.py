@@ -257,7 +257,7 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
 def test_graph_replay_follows_routing(a_kind):
     """A captured grouped call replayed after offs changed in place: each replay follows its routing (the work
     list is built on the device)."""
-    G, n, k = 6, 256, 768
+    G, n, k = 6, 256, 1024  # K 4 stages: two automatic splits of 2 (the capture's split counters)
     routings = [[2, 0, 5, 1, 0, 4], [0, 12, 0, 0, 0, 0], [1, 1, 1, 1, 1, 7], [0, 0, 0, 0, 0, 12]]
     cap = round_up(12 + G * 127, 128)  # sfa capacity for any routing of 12 rows over 6 groups (common/grouped.h)
     # Same seed: same B and scales; one sfa capacity, so each routing's sfa can be copied into the captured buffer.
