@@ -3,7 +3,8 @@ on MoE layer shapes against the read floor: the bytes of the experts the routing
 scales) at the measured device-to-device copy bandwidth. Each GEMM (gate_up: N = 2I, K = H; down: N = H, K = I)
 is timed as a CUDA graph of back-to-back calls over enough layers that the experts hit exceed 3x L2.
 --configs -1,0,1,2 times each config (-1: select's pick; 0, 1, 2: the 8-, 16- and 32-token configs) on every point.
-Run: python benchmarks/diagnostics/sm90_grouped_bench.py [--tokens 1,16,64] [--shapes mixtral,dsv3,qwen3] [--configs -1]"""
+Run: python benchmarks/diagnostics/sm90_grouped_bench.py [--tokens 1,16,64] [--shapes mixtral,dsv3,qwen3]
+[--configs -1]"""
 import argparse
 import random
 
@@ -101,8 +102,8 @@ def main():
                     for gemm, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
                         us, floor = time_gemm(E, n, k, counts, kinds[ak], bw, l2, cfg)
                         tot, tot_floor = tot + us, tot_floor + floor
-                        print(f"{name:8s} {tokens:6d}  {ak:5s} {cfg:3d} {gemm:8s} {sum(counts):5d} {us:7.1f} {floor:8.1f}  "
-                              f"{us / floor:5.2f}")
+                        print(f"{name:8s} {tokens:6d}  {ak:5s} {cfg:3d} {gemm:8s} {sum(counts):5d} {us:7.1f} "
+                              f"{floor:8.1f}  {us / floor:5.2f}")
                     print(f"{name:8s} {tokens:6d}  {ak:5s} {cfg:3d} {'layer':8s} {sum(counts):5d} {tot:7.1f} "
                           f"{tot_floor:8.1f}  {tot / tot_floor:5.2f}", flush=True)
 

@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   constexpr int RT = gwk_red_tokens(TOKENS), RJ = RT / 8;  // tokens and n-tiles per round of the K-slice sums
   static_assert(kAOff % 1024 == 0 && kStage % 1024 == 0 && kABox % 1024 == 0, "swizzled boxes at 1024-byte offsets");
   // Per CTA: the dynamic bytes, 2 KB of static shared memory (the 1024-aligned dynamic base) and 1 KB reserved.
-  static_assert(gwk_ctas(TOKENS) * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472, "gwk_ctas per SM at 256 groups");
+  static_assert(gwk_ctas(TOKENS) * (gwk_smem_bytes(TOKENS, kA4, 256) + 3072) <= 233472,
+                "gwk_ctas(TOKENS) CTAs per SM at 256 groups");
   static_assert(gwk_smem_bytes(TOKENS, kA4, kGwkMaxGroups) + 3072 <= 233472, "one CTA per SM at the most groups");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
