@@ -50,3 +50,18 @@ def test_decode_word_every_word(tmp_path):
     run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:]
     assert "decode_word_test: ok" in run.stdout
+
+
+@pytest.mark.skipif(_CXX is None, reason="no C++ compiler found (CXX, c++ or g++)")
+def test_grouped_schedule(tmp_path):
+    """csrc/sm90/grouped_schedule.h (the grouped kernel's work list, split count and item mapping) over random and
+    garbage routings: every (group, chunk, row block, split) exactly once, inside its group, T and the buffers
+    (tests/sm90_host/grouped_schedule_test.cpp)."""
+    exe = str(tmp_path / "grouped_schedule_test")
+    src = os.path.join(ROOT, "tests", "sm90_host", "grouped_schedule_test.cpp")
+    build = subprocess.run([_CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc"),
+                            src, "-o", exe], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert "grouped_schedule_test: ok" in run.stdout

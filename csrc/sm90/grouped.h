@@ -1,0 +1,24 @@
+// Entry point of the SM90 grouped (mixture-of-experts) GEMM for the module: the GroupedBackendApi table
+// (common/grouped.h), and the grouped configs' X-macro, from which the names, the launch tables and the
+// instantiation files (csrc/sm90/grouped_wk_t*.cu, one per config and A type) all come.
+#pragma once
+
+#include "common/grouped.h"
+
+// The grouped K-sliced kernel (grouped_wk.cuh): X(TOKENS, STAGES, CTAS), 128 B rows x TOKENS rows of a group per
+// work item, 256-K stages, CTAS per SM. STAGES and CTAS must equal gwk_stages(TOKENS) and gwk_ctas(TOKENS)
+// (static_assert in grouped_backend.cu).
+#define NVFP4_SM90_GROUPED_CONFIGS(X) \
+  X(8, 4, 2)                          \
+  X(16, 3, 2)                         \
+  X(32, 4, 1)
+
+#define NVFP4_SM90_GROUPED_NAME(T, S, B) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
+
+namespace nvfp4_gemm::sm90 {
+const GroupedBackendApi& grouped_api();
+
+// Tests and benchmarks: forces the split count of every following grouped launch in this process where the
+// kernel's buffers allow it (0: automatic, the default). Returns the previous value.
+int set_forced_grouped_splits(int splits);
+}  // namespace nvfp4_gemm::sm90

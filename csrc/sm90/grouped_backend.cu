@@ -1,0 +1,311 @@
+// SM90 grouped (mixture-of-experts) GEMM: the GroupedBackendApi table (common/grouped.h) over the grouped
+// K-sliced kernel (grouped_wk.cuh). Torch-free. One launch per call, whatever the routing: the work list is
+// built on the device from offs, so the launch path reads nothing back and a captured graph follows the routing
+// of each replay.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/grouped.h"
+#include "common/pdl.h"
+#include "common/stream_slots.h"
+#include "sm90/grouped.h"
+#include "sm90/grouped_wk.cuh"
+
+namespace nvfp4_gemm::sm90 {
+
+#define NVFP4_SM90_GROUPED_EXTERN(T, S, B)                                                \
+  static_assert(S == gwk_stages(T) && B == gwk_ctas(T),                                   \
+                "NVFP4_SM90_GROUPED_CONFIGS names the kernel's depth and CTAs per SM");   \
+  extern template cudaError_t launch_gwk<T, AType::kE2m1>(const GwkLaunch&);              \
+  extern template cudaError_t launch_gwk<T, AType::kFloat16>(const GwkLaunch&);           \
+  extern template cudaError_t launch_gwk<T, AType::kBFloat16>(const GwkLaunch&);          \
+  extern template int gwk_ctas_per_sm<T, AType::kE2m1>(int);                              \
+  extern template int gwk_ctas_per_sm<T, AType::kFloat16>(int);                           \
+  extern template int gwk_ctas_per_sm<T, AType::kBFloat16>(int);
+NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_EXTERN)
+#undef NVFP4_SM90_GROUPED_EXTERN
+
+namespace {
+
+using GwkLaunchFn = cudaError_t (*)(const GwkLaunch&);
+using GwkCtasFn = int (*)(int);
+#define NVFP4_SM90_GROUPED_LAUNCH(T, S, B) \
+  {&launch_gwk<T, AType::kE2m1>, &launch_gwk<T, AType::kFloat16>, &launch_gwk<T, AType::kBFloat16>},
+constexpr GwkLaunchFn kGwkLaunch[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_LAUNCH)};
+#undef NVFP4_SM90_GROUPED_LAUNCH
+#define NVFP4_SM90_GROUPED_CTAS(T, S, B) \
+  {&gwk_ctas_per_sm<T, AType::kE2m1>, &gwk_ctas_per_sm<T, AType::kFloat16>, &gwk_ctas_per_sm<T, AType::kBFloat16>},
+constexpr GwkCtasFn kGwkCtas[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_CTAS)};
+#undef NVFP4_SM90_GROUPED_CTAS
+#define NVFP4_SM90_GROUPED_TOKENS(T, S, B) T,
+constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKENS)};
+#undef NVFP4_SM90_GROUPED_TOKENS
+#define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
+constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)};
+#undef NVFP4_SM90_GROUPED_NAME_ENTRY
+constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
+static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
+                  static_cast<int>(AType::kBFloat16) == 2,
+              "the launch tables' columns are AType values");
+
+// Rows per group (on average, over all groups: what the host knows without reading offs) above which the 16- and
+// the 32-token configs run. A work item decodes its weight tile once for up to TOKENS rows of its group, so a
+// group of m rows costs ceil(m / TOKENS) decodes of each of its tiles: past 8 rows per group most groups would
+// need two 8-token chunks, past 12 (Poisson-like routing: ~10% of the groups over 16 rows at a mean of 12, half
+// of them at 16) two 16-token chunks. Below those the smaller config's deeper pipeline (and, against 32 tokens,
+// its two CTAs per SM) win.
+constexpr int64_t kGwk16FromRowsPerGroup = 8;
+constexpr int64_t kGwk32FromRowsPerGroup = 12;
+
+void set_msg(char* buf, size_t len, const char* msg) {
+  if (buf && len) std::snprintf(buf, len, "%s", msg);
+}
+
+// A failed runtime call's error, also taken out of the thread's last-error slot.
+cudaError_t consumed(cudaError_t e) {
+  if (e != cudaSuccess) cudaGetLastError();
+  return e;
+}
+
+bool a4_of(const GroupedProblem& p) { return p.a_type == AType::kE2m1; }
+
+int smem_of(const GroupedProblem& p, int config) {
+  return gwk_smem_bytes(kGwkTokens[config], a4_of(p), static_cast<int>(p.g));
+}
+
+// One wave: the SMs times the CTAs each holds with this problem's shared memory (8 and 16 tokens: two up to ~460
+// and ~1200 groups; 32 tokens: one).
+int grid_of(const GroupedProblem& p, int config, const DeviceInfo* dev) {
+  const int ctas = kGwkCtas[config][static_cast<int>(p.a_type)](smem_of(p, config));
+  return std::max(1, dev->num_sms) * std::clamp(ctas, 1, 2);
+}
+
+struct Layout {
+  int64_t partial_bytes = 0;  // [grid][TOKENS][128] fp32
+  int64_t counter_bytes = 0;  // kSplitCounterRows words, where no counter slot is free
+  int64_t bytes() const { return partial_bytes + counter_bytes; }
+};
+
+Layout layout_of(const GroupedProblem& p, int config, const DeviceInfo* dev) {
+  Layout l;
+  l.partial_bytes = round_up(static_cast<int64_t>(grid_of(p, config, dev)) * kGwkTokens[config] * kWkRows * 4, 256);
+  l.counter_bytes = round_up(int64_t{kSplitCounterRows} * 4, 256);
+  return l;
+}
+
+bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
+  auto no = [&](const char* fmt, auto... args) {
+    if (why && why_len) std::snprintf(why, why_len, fmt, args...);
+    return false;
+  };
+  if (config < 0 || config >= kNumGrouped)
+    return no("sm90 grouped: config %d out of range [0, %d)", static_cast<int>(config), kNumGrouped);
+  if (dev == nullptr || dev->sm != 90)
+    return no("sm90 grouped: needs an SM 9.0 device (sm_90a code), got SM %d", dev ? static_cast<int>(dev->sm) : -1);
+  if (p->a_type != AType::kE2m1 && p->a_type != AType::kFloat16 && p->a_type != AType::kBFloat16)
+    return no("sm90 grouped: A must be packed NVFP4, float16 or bfloat16 (float32 activations: cast them, or use the "
+              "generic backend), got a_type %d", static_cast<int>(p->a_type));
+  if (p->k % kWkK != 0 || p->k <= 0)
+    return no("sm90 grouped: K must be a positive multiple of 256, got %lld", static_cast<long long>(p->k));
+  if (p->g < 1 || p->g > kGwkMaxGroups)
+    return no("sm90 grouped: at most %d groups, got %lld", kGwkMaxGroups, static_cast<long long>(p->g));
+  if (p->t < 0 || p->t > (int64_t{1} << 30) || p->n < 8 || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30))
+    return no("sm90 grouped: T and N must be within 2^30 (32-bit indexing), got T %lld, N %lld",
+              static_cast<long long>(p->t), static_cast<long long>(p->n));
+  const int64_t tokens = kGwkTokens[config];
+  const int64_t max_tiles = (ceil_div(p->t, tokens) + p->g) * ceil_div(p->n, kWkRows);
+  if (max_tiles > (int64_t{1} << 30) / kGwkMaxSplits)
+    return no("sm90 grouped: (T / %lld + G) x N / 128 = %lld work items exceed the kernel's 32-bit work indices",
+              static_cast<long long>(tokens), static_cast<long long>(max_tiles));
+  auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
+  if (misaligned(p->a) || misaligned(p->b) || misaligned(p->sfb) || p->lda % 16 != 0 || p->ldb % 16 != 0 ||
+      p->b_group_bytes % 16 != 0 || (a4_of(*p) && p->t > 0 && misaligned(p->sfa)))
+    return no("sm90 grouped: a, b, sfb (and sfa) must be 16-byte aligned with rows and groups 16 bytes apart (TMA "
+              "and bulk copies); got lda %lld, ldb %lld, b_group_bytes %lld", static_cast<long long>(p->lda),
+              static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
+  if (p->ldb < p->k / 2 || p->b_group_bytes < p->n * p->ldb)
+    return no("sm90 grouped: b's rows must not overlap (ldb %lld >= K/2, b_group_bytes %lld >= N x ldb)",
+              static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
+  if (a4_of(*p) && p->t > 0) {  // T = 0 writes nothing and reads no scale
+    if (p->sfa == nullptr || p->sfa_rows < kSfAtomRows || p->sfa_rows % kSfAtomRows != 0)
+      return no("sm90 grouped: NVFP4 A needs sfa with a positive multiple of 128 padded rows, got %lld",
+                static_cast<long long>(p->sfa_rows));
+    if (p->sfa_rows / kSfAtomRows > INT_MAX)
+      return no("sm90 grouped: sfa_rows %lld too large", static_cast<long long>(p->sfa_rows));
+  }
+  if (smem_of(*p, config) > dev->smem_optin)
+    return no("sm90 grouped: %d bytes of shared memory needed for %lld groups, the device allows %lld",
+              smem_of(*p, config), static_cast<long long>(p->g), static_cast<long long>(dev->smem_optin));
+  return true;
+}
+
+int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
+  const int config = p->t > kGwk32FromRowsPerGroup * p->g ? 2 : p->t > kGwk16FromRowsPerGroup * p->g ? 1 : 0;
+  static_assert(kGwkTokens[0] == 8 && kGwkTokens[1] == 16 && kGwkTokens[2] == 32,
+                "select names the 8-, 16- and 32-token configs");
+  return check(p, config, dev, why, why_len) ? config : -1;
+}
+
+bool can_run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
+  return check(p, config, dev, why, why_len);
+}
+
+size_t workspace_bytes(const GroupedProblem* p, int32_t config, const DeviceInfo* dev) {
+  if (config < 0 || config >= kNumGrouped || dev == nullptr) return 0;
+  return static_cast<size_t>(layout_of(*p, config, dev).bytes());
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// Through the runtime's driver entry point, so the module needs no link against libcuda.
+EncodeTiledFn encode_tiled() {
+  static EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (consumed(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q)) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      ptr = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// A tensor map of `rank` dims (innermost first), SWIZZLE_128B, out-of-bounds elements read as zero.
+bool encode(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* base, const cuuint64_t* dims,
+            const cuuint64_t* strides, const cuuint32_t* box) {
+  EncodeTiledFn fn = encode_tiled();
+  if (!fn) return false;
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return fn(map, dtype, rank, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Split-counter slots per stream (split_counters.cuh: each config unit keeps its own counters, zero between
+// launches); -1 where none is free: the launch then counts on workspace counters zeroed ahead of it.
+// NVFP4_GEMM_SM90_COUNTER_SLOTS=0 (read once, as for the dense kernels) takes the workspace path always, for
+// tests of that path.
+int counter_slot(cudaStream_t stream) {
+  static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
+  static const bool off = [] {
+    const char* env = std::getenv("NVFP4_GEMM_SM90_COUNTER_SLOTS");
+    return env && env[0] == '0';
+  }();
+  if (off) return -1;
+  int index = -1;
+  if (slots->get(stream, &index) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return index;
+}
+
+// Tests and benchmarks (torch.ops.nvfp4_gemm._sm90_grouped_force_splits): the split count of every following
+// grouped launch in this process, where the buffers allow it (0: automatic).
+std::atomic<int>& forced_grouped_splits() {
+  static std::atomic<int> v{0};
+  return v;
+}
+
+bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+         cudaStream_t stream, char* err, size_t err_len) {
+  if (!check(p, config, dev, err, err_len)) return false;
+  if (p->t == 0) return true;  // no rows: nothing to write
+  const Layout lay = layout_of(*p, config, dev);
+  if (ws_bytes < static_cast<size_t>(lay.bytes()) || workspace == nullptr) {
+    set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
+    return false;
+  }
+  const int tokens = kGwkTokens[config];
+  const bool a4 = a4_of(*p);
+  GwkLaunch l{};
+  GwkParams& gp = l.params;
+  // A: all T rows; a chunk's box starts at its first row, rows past T read as zero.
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(a4 ? p->k / 2 : p->k), static_cast<cuuint64_t>(p->t)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p->lda)};
+  const cuuint32_t a_box[2] = {a4 ? static_cast<cuuint32_t>(kWkK / 2) : 64u, static_cast<cuuint32_t>(tokens)};
+  const CUtensorMapDataType a_dtype = a4 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                      : p->a_type == AType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  if (!encode(&gp.tmap_a, a_dtype, 2, p->a, a_dims, a_strides, a_box)) {
+    set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for A");
+    return false;
+  }
+  // B: [g][n][k/2] bytes, one (group, 128-row block, 256-K stage) box at a time; rows past N read as zero.
+  const cuuint64_t b_dims[3] = {static_cast<cuuint64_t>(p->k / 2), static_cast<cuuint64_t>(p->n),
+                                static_cast<cuuint64_t>(p->g)};
+  const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p->ldb), static_cast<cuuint64_t>(p->b_group_bytes)};
+  const cuuint32_t b_box[3] = {kWkK / 2, kWkRows, 1};
+  if (!encode(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p->b, b_dims, b_strides, b_box)) {
+    set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");
+    return false;
+  }
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  l.grid = grid_of(*p, config, dev);
+  l.smem = smem_of(*p, config);
+  l.stream = stream;
+  gp.sfb = p->sfb;
+  gp.sfa = a4 ? p->sfa : nullptr;
+  gp.offs = p->offs;
+  gp.alpha = p->alpha;
+  gp.c = p->c;
+  gp.partial = reinterpret_cast<float*>(ws);
+  gp.counters = reinterpret_cast<uint32_t*>(ws + lay.partial_bytes);
+  gp.counter_slot = counter_slot(stream);
+  gp.ldc = p->ldc;
+  gp.row_blocks = static_cast<int>(ceil_div(p->n, kWkRows));
+  gp.sf_atoms = static_cast<int>(p->k / 64);
+  gp.sfb_group_bytes = static_cast<int64_t>(gp.row_blocks) * gp.sf_atoms * kSfAtomBytes;
+  gp.t = static_cast<int>(p->t);
+  gp.n = static_cast<int>(p->n);
+  gp.k = static_cast<int>(p->k);
+  gp.g = static_cast<int>(p->g);
+  gp.kblocks = static_cast<int>(p->k / kWkK);
+  gp.sfa_blocks = a4 ? static_cast<int>(p->sfa_rows / kSfAtomRows) : 1;
+  gp.max_items = l.grid;
+  gp.forced_splits = forced_grouped_splits().load(std::memory_order_relaxed);
+  gp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
+  gp.out_dtype = p->out_dtype;
+  if (gp.counter_slot < 0) {  // graph-capturable; only when the stream's slots have run out
+    if (const cudaError_t e = consumed(cudaMemsetAsync(gp.counters, 0, lay.counter_bytes, stream)); e != cudaSuccess) {
+      if (err && err_len) std::snprintf(err, err_len, "sm90 grouped: zeroing the split counters failed: %s",
+                                        cudaGetErrorString(e));
+      return false;
+    }
+  }
+  if (const cudaError_t e = consumed(kGwkLaunch[config][static_cast<int>(p->a_type)](l)); e != cudaSuccess) {
+    if (err && err_len)
+      std::snprintf(err, err_len, "sm90 grouped %s: launch failed (grid %d, %d bytes of shared memory): %s",
+                    kGroupedNames[config], l.grid, l.smem, cudaGetErrorString(e));
+    return false;
+  }
+  return true;
+}
+
+const char* dispatch_rules() {
+  return "T <= 8 x G (average rows per group <= 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
+         "8 x G < T <= 12 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
+         "T > 12 x G: " NVFP4_SM90_GROUPED_NAME(32, 4, 1) "\n"
+         "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
+}
+
+}  // namespace
+
+int set_forced_grouped_splits(int splits) { return forced_grouped_splits().exchange(splits); }
+
+const GroupedBackendApi& grouped_api() {
+  static const GroupedBackendApi api = {kGroupedAbiVersion, "sm90",     kNumGrouped, kGroupedNames, &select,
+                                        &can_run,           &workspace_bytes, &run,  &dispatch_rules};
+  return api;
+}
+
+}  // namespace nvfp4_gemm::sm90

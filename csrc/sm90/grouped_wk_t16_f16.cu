@@ -1,0 +1,8 @@
+// One instantiation of the grouped K-sliced kernel (grouped_wk.cuh): 16 tokens, f16 A. One file per config and
+// A type (NVFP4_SM90_GROUPED_CONFIGS in grouped.h) so that the build compiles them in parallel.
+#include "sm90/grouped_wk.cuh"
+
+namespace nvfp4_gemm::sm90 {
+template cudaError_t launch_gwk<16, AType::kFloat16>(const GwkLaunch&);
+template int gwk_ctas_per_sm<16, AType::kFloat16>(int);
+}  // namespace nvfp4_gemm::sm90

@@ -1,0 +1,326 @@
+"""The sm90 grouped (mixture-of-experts) kernels, through the private op torch.ops.nvfp4_gemm._sm90_grouped_test
+(one launch of the GroupedBackendApi table on the current stream; nvfp4_gemm.grouped_mm is the public op):
+random routings against SPEC.md's float64 reference per group, outputs poisoned with NaN first, empty groups,
+one group holding every row, groups of one row, T not a multiple of anything, fp16 / bf16 activations and
+NVFP4 A, every output dtype, per-group alpha, forced split counts, the same bits as the dense sm90 mm per group,
+garbage routing staying inside C, and a CUDA graph replayed while the routing changes."""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+import nvfp4_gemm
+from nvfp4_gemm.formats import round_up, to_blocked
+from nvfp4_gemm.testing import Reference
+from conftest import backend_skip_reason
+
+
+def _skip_reason():
+    reason = backend_skip_reason("sm90")
+    if reason is not None:
+        return reason
+    if not hasattr(torch.ops.nvfp4_gemm, "_sm90_grouped_test"):
+        return "this build's _C_sm90 has no grouped kernels"
+    return None
+
+
+_reason = _skip_reason()
+pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+E2M1 = "e2m1"
+CONFIGS = (-1, 0, 1, 2)  # select's pick, the 8-, 16- and 32-token configs
+
+
+@pytest.fixture(autouse=True)
+def _automatic_splits():
+    yield
+    torch.ops.nvfp4_gemm._sm90_grouped_force_splits(0)
+
+
+def _scales(shape, g, kind="typical"):
+    """e4m3 bytes over many binades ('typical' 2^-6 .. 2^3, every mantissa; 'tiny' zero and subnormal)."""
+    lo, hi = {"typical": (1, 11), "tiny": (0, 3)}[kind]
+    exp = torch.randint(lo, hi, shape, device="cuda", generator=g)
+    man = torch.randint(0, 8, shape, device="cuda", generator=g)
+    bits = ((exp << 3) | man).to(torch.uint8)
+    if kind == "tiny":
+        bits[torch.rand(shape, device="cuda", generator=g) < 0.15] = 0
+    return bits.view(torch.float8_e4m3fn)
+
+
+def make_grouped(counts, n, k, a_kind, *, out_dtype=F16, alpha=True, seed=0, scales="typical", extra_sfa_rows=0):
+    """Random grouped inputs: B [G, N, K/2] (all 16 codes), per-group blocked sfb, A either 16-bit activations
+    over eight binades (with zeros) or packed NVFP4 with the grouped blocked sfa (each group's rows blocked on
+    their own from a 128-row boundary), offs the cumulative counts, alpha [G] of both signs."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    G, T = len(counts), sum(counts)
+    b = torch.randint(0, 256, (G, n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+    sfb = torch.stack([to_blocked(_scales((n, k // 16), gen, scales)) for _ in range(G)])
+    starts = [sum(counts[:i]) for i in range(G)]
+    sfa, sfa_rows, group_sfa = None, 0, [None] * G
+    if a_kind == E2M1:
+        a = torch.randint(0, 256, (T, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+        lin = _scales((T, k // 16), gen, scales)
+        parts = []
+        for i, (s, m) in enumerate(zip(starts, counts)):
+            if m:
+                group_sfa[i] = to_blocked(lin[s:s + m])
+                parts.append(group_sfa[i].view(torch.uint8))
+        sfa_rows = max(128, sum(round_up(m, 128) for m in counts)) + extra_sfa_rows
+        kp = round_up(k // 16, 4)
+        flat = torch.zeros(sfa_rows * kp, dtype=torch.uint8, device="cuda")
+        used = torch.cat(parts) if parts else flat[:0]
+        flat[:used.numel()] = used
+        sfa = flat.view(torch.float8_e4m3fn)
+    else:
+        a = torch.randn(T, k, device="cuda", generator=gen) * torch.exp2(
+            torch.randint(-4, 4, (T, k), device="cuda", generator=gen).float())
+        a[torch.rand(T, k, device="cuda", generator=gen) < 0.05] = 0.0
+        a = a.to(a_kind)
+    al = None
+    if alpha:
+        al = (torch.rand(G, device="cuda", generator=gen) + 0.25) * torch.where(
+            torch.rand(G, device="cuda", generator=gen) < 0.3, -1.0, 1.0)
+    offs = torch.tensor([s + m for s, m in zip(starts, counts)], dtype=torch.int32, device="cuda")
+    return dict(a=a, b=b, sfa=sfa, sfb=sfb, offs=offs, alpha=al, out_dtype=out_dtype, sfa_rows=sfa_rows,
+                counts=list(counts), starts=starts, group_sfa=group_sfa)
+
+
+def run_grouped(x, config=-1, out=None):
+    T, n = x["a"].shape[0], x["b"].shape[1]
+    if out is None:
+        out = torch.full((T, n), float("nan"), dtype=x["out_dtype"], device="cuda")
+    torch.ops.nvfp4_gemm._sm90_grouped_test(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], x["alpha"], out, config,
+                                            x["sfa_rows"])
+    return out
+
+
+def check_grouped(x, out, context=""):
+    """Every group's rows against SPEC.md's reference of that group alone (NaN poison: unwritten rows fail)."""
+    k = x["b"].shape[2] * 2
+    for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
+        if m == 0:
+            continue
+        inputs = dict(a=x["a"][s:s + m], b=x["b"][i], sfa=x["group_sfa"][i], sfb=x["sfb"][i],
+                      alpha=None if x["alpha"] is None else x["alpha"][i:i + 1], out_dtype=x["out_dtype"])
+        Reference(inputs).check(out[s:s + m], f"{context} group {i} rows [{s}, {s + m}) k {k}")
+
+
+def random_counts(rng, G, T, skew):
+    """T rows over G groups: uniform, or skewed (a few groups take most, many stay empty)."""
+    w = [rng.paretovariate(0.7) if skew else 1.0 for _ in range(G)]
+    counts = [0] * G
+    for _ in range(T):
+        counts[rng.choices(range(G), weights=w)[0]] += 1
+    return counts
+
+
+def test_api_table_registered():
+    addr = torch.ops.nvfp4_gemm._grouped_api_sm90()
+    assert addr != 0
+    assert ctypes.c_int32.from_address(addr).value == 1  # kGroupedAbiVersion, the table's first field
+
+
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+def test_random_routings(a_kind):
+    """Random G, N, K (K % 256 == 0), T (not a multiple of anything), routing uniform or skewed (empty groups),
+    every output dtype, alpha or none, each config."""
+    rng = random.Random(4011 + zlib.crc32(str(a_kind).encode()))  # the same cases in every process
+    for case in range(12):
+        G = rng.choice([1, 2, 3, 8, 17, 64])
+        n = rng.choice([8, 120, 128, 136, 384, 1000])
+        k = 256 * rng.choice([1, 2, 3, 7, 12])
+        T = rng.choice([1, 3, 7, 13, 37, 61, 133])
+        counts = random_counts(rng, G, T, skew=rng.random() < 0.5)
+        out_dtype = rng.choice([F16, BF16, F32])
+        alpha = rng.random() < 0.7
+        config = CONFIGS[case % len(CONFIGS)]
+        x = make_grouped(counts, n, k, a_kind, out_dtype=out_dtype, alpha=alpha, seed=case)
+        out = run_grouped(x, config)
+        check_grouped(x, out, f"case {case} G {G} N {n} T {T} counts {counts} out {out_dtype} config {config}")
+
+
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+@pytest.mark.parametrize("shape", ["one_group_all", "last_group_all", "ones", "one_row", "sparse", "wide_group"])
+def test_edge_routings(a_kind, shape):
+    n, k = 264, 512
+    counts = {
+        "one_group_all": [0, 0, 0, 0, 41, 0, 0, 0, 0],
+        "last_group_all": [0] * 8 + [23],
+        "ones": [1] * 9,
+        "one_row": [0, 1, 0, 0, 0, 0, 0, 0, 0],
+        "sparse": [2, 0, 0, 5, 0, 1, 0, 0, 3],
+        "wide_group": [1, 0, 150, 2, 0, 0, 0, 0, 1],  # a group spanning two 128-row sfa blocks
+    }[shape]
+    for config in CONFIGS:
+        x = make_grouped(counts, n, k, a_kind, out_dtype=F32, seed=len(shape) + config)
+        check_grouped(x, run_grouped(x, config), f"{shape} config {config}")
+
+
+@pytest.mark.parametrize("a_kind", [F16, E2M1], ids=["f16", "e2m1"])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("config", [0, 2], ids=["t8", "t32"])
+def test_forced_splits(a_kind, splits, config):
+    """Split-K over CTAs (partials summed in split order by the last arriver), K 14 stages: uneven splits; a group
+    of 37 rows gives the 32-token config a chunk of 5 rows beside a full one."""
+    torch.ops.nvfp4_gemm._sm90_grouped_force_splits(splits)
+    x = make_grouped([3, 0, 1] if config == 0 else [3, 37, 1], 136, 256 * 14, a_kind, out_dtype=F32, seed=splits)
+    first = run_grouped(x, config)
+    check_grouped(x, first, f"splits {splits} config {config}")
+    again = run_grouped(x, config)
+    assert torch.equal(first, again), "split sums differ between two runs"
+
+
+def test_tiny_scales_and_bf16_out():
+    x = make_grouped([5, 0, 2, 9], 256, 1024, BF16, out_dtype=BF16, scales="tiny", seed=3)
+    check_grouped(x, run_grouped(x), "tiny scales")
+    x = make_grouped([5, 0, 2, 9], 256, 1024, E2M1, out_dtype=F16, scales="tiny", seed=4)
+    check_grouped(x, run_grouped(x), "tiny scales e2m1")
+
+
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+@pytest.mark.parametrize("config", [0, 1, 2], ids=["t8", "t16", "t32"])
+def test_many_items_per_cta(a_kind, config):
+    """Many short work items per CTA (N 8192: 64 row blocks; K of one and two stages): 207 rows over 18 groups make
+    34 / 23 / 18 chunks of 8 / 16 / 32 rows, 2176 / 1472 / 1152 items over 264 / 264 / 132 CTAs on an H100 / H200,
+    more per CTA than its item ring (s_items: 5 / 4 / 5 entries) holds, the producer stages and items ahead."""
+    counts = [5, 0, 9, 1, 40, 3, 0, 2, 17, 8, 8, 30, 12, 25, 7, 33, 1, 6]
+    for k in (256, 512):
+        x = make_grouped(counts, 8192, k, a_kind, out_dtype=BF16, seed=k + config)
+        check_grouped(x, run_grouped(x, config), f"counts {counts} k {k} config {config}")
+
+
+@pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
+def test_select_rows_per_group(a_kind):
+    """select by average rows per group: T <= 8 G, 8 G < T <= 12 G and T > 12 G (the 8-, 16- and 32-token configs),
+    groups of tens of rows beside empty and one-row groups; each against the reference."""
+    for counts in ([9, 0, 14, 1], [20, 0, 19, 1], [70, 0, 1, 33]):
+        x = make_grouped(counts, 264, 768, a_kind, out_dtype=BF16, seed=sum(counts))
+        check_grouped(x, run_grouped(x), f"select counts {counts}")
+
+
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+def test_same_bits_as_dense_mm(a_kind, monkeypatch):
+    """With one split per tile, each group's rows are bit for bit the dense sm90 K-sliced kernel's (one split) on
+    that group alone: same decode, same MMA order, same slice sums, same alpha and rounding."""
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm90")
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+    x = make_grouped([4, 0, 16, 1, 9], 384, 2048, a_kind, out_dtype=F16, seed=11)
+    torch.ops.nvfp4_gemm._sm90_grouped_force_splits(1)
+    prev = torch.ops.nvfp4_gemm._sm90_force_splits(1)
+    try:
+        for config in (0, 1, 2):
+            out = run_grouped(x, config)
+            for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
+                if m == 0:
+                    continue
+                dense = nvfp4_gemm.mm(x["a"][s:s + m], x["b"][i], x["group_sfa"][i], x["sfb"][i],
+                                      x["alpha"][i:i + 1], out_dtype=F16)
+                assert torch.equal(out[s:s + m], dense), f"config {config} group {i}: grouped != dense mm"
+    finally:
+        torch.ops.nvfp4_gemm._sm90_force_splits(prev)
+
+
+def test_empty_and_zero_rows():
+    """Every group empty but one row-less T: T = 0 writes nothing; all-empty-but-last routings write every row."""
+    x = make_grouped([0, 0, 0], 128, 256, F16, seed=1)
+    out = run_grouped(x)
+    assert out.shape == (0, 128)
+    x = make_grouped([0, 0, 0], 128, 256, E2M1, seed=1)
+    assert run_grouped(x).shape == (0, 128)
+
+
+@pytest.mark.parametrize("a_kind", [F16, E2M1], ids=["f16", "e2m1"])
+def test_garbage_offsets_stay_in_bounds(a_kind):
+    """Decreasing, negative and past-T offsets: clamped on the device, no fault, nothing written outside C
+    (guard rows around the output keep their poison)."""
+    x = make_grouped([3, 5, 2, 6], 136, 512, a_kind, out_dtype=F32, seed=5)
+    T, n = 16, 136
+    for offs in ([9, 4, 20, 16], [-5, 3, 99, 2], [16, 16, 16, 16], [0, 0, 0, 0], [2**31 - 1, -2**31, 7, 16]):
+        x["offs"] = torch.tensor(offs, dtype=torch.int32, device="cuda")
+        buf = torch.full((T + 64, n), -7.0, dtype=F32, device="cuda")
+        out = buf[32:32 + T]
+        run_grouped(x, 0, out=out)
+        torch.cuda.synchronize()
+        assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
+
+
+@pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
+def test_graph_replay_follows_routing(a_kind):
+    """A captured grouped call replayed after offs changed in place: each replay follows its routing (the work
+    list is built on the device)."""
+    G, n, k = 6, 256, 1024  # K 4 stages: two automatic splits of 2 (the capture's split counters)
+    routings = [[2, 0, 5, 1, 0, 4], [0, 12, 0, 0, 0, 0], [1, 1, 1, 1, 1, 7], [0, 0, 0, 0, 0, 12]]
+    cap = round_up(12 + G * 127, 128)  # sfa capacity for any routing of 12 rows over 6 groups (common/grouped.h)
+    # Same seed: same B and scales; one sfa capacity, so each routing's sfa can be copied into the captured buffer.
+    xs = [make_grouped(c, n, k, a_kind, out_dtype=F16, seed=0,
+                       extra_sfa_rows=cap - max(128, sum(round_up(m, 128) for m in c))) for c in routings]
+    x = xs[0]
+    offs = x["offs"].clone()
+    sfa = None if x["sfa"] is None else x["sfa"].clone()
+    out = torch.full((12, n), float("nan"), dtype=F16, device="cuda")
+    run_grouped(dict(x, offs=offs, sfa=sfa), 0, out=out)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_grouped(dict(x, offs=offs, sfa=sfa), 0, out=out)
+    for xi in xs:
+        offs.copy_(xi["offs"])
+        x["a"].copy_(xi["a"])
+        if sfa is not None:
+            sfa.copy_(xi["sfa"])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_grouped(xi, out, f"replay with counts {xi['counts']}")
+
+
+def test_refusals_name_the_reason():
+    x = make_grouped([2, 3], 128, 256, F16)
+    x32 = dict(x, a=x["a"].float())
+    with pytest.raises(RuntimeError, match="float32 activations"):
+        run_grouped(x32, 0, out=torch.empty(5, 128, dtype=F16, device="cuda"))
+    y = make_grouped([2, 3], 128, 288, F16)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        run_grouped(y, 0)
+
+
+def test_many_groups_decode_shape():
+    """A decode step of a 256-expert layer: 16 tokens x top-8 = 128 rows over 256 experts (most groups empty or
+    of one row), K 7168, NVFP4 and bf16 A."""
+    rng = random.Random(7)
+    counts = [0] * 256
+    for _ in range(16):
+        for e in rng.sample(range(256), 8):
+            counts[e] += 1
+    for a_kind in (BF16, E2M1):
+        x = make_grouped(counts, 512, 7168, a_kind, out_dtype=BF16, seed=2)
+        check_grouped(x, run_grouped(x), f"decode 256 experts {a_kind}")
+
+
+@pytest.mark.skipif(not hasattr(nvfp4_gemm, "grouped_mm"), reason="nvfp4_gemm.grouped_mm not in this build yet")
+@pytest.mark.parametrize("a_kind", [F16, E2M1], ids=["f16", "e2m1"])
+def test_public_op_on_sm90(a_kind, monkeypatch):
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm90")
+    x = make_grouped([3, 0, 9, 1], 256, 1024, a_kind, out_dtype=F16, seed=9)
+    out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F16)
+    check_grouped(x, out, "grouped_mm")
+
+
+def test_workspace_counters_and_sanitize_cases():
+    """The sanitizer case script (empty groups, one group holding every row, groups of one row, T = 37, a group over
+    two sfa blocks, forced splits, garbage routing) in a child process with the counter slots off, so that split
+    launches count on workspace counters zeroed ahead of them (the path taken once a process's slots run out)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "diagnostics", "sm90_grouped_sanitize_cases.py")
+    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS="0", PYTHONPATH=root)
+    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "sm90 grouped sanitize cases ran" in run.stdout
