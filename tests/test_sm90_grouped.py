@@ -253,6 +253,21 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
         assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
 
 
+@pytest.mark.parametrize("config", [0, 1, 2], ids=["t8", "t16", "t32"])
+def test_sfa_too_small_for_routing_gives_nan_rows(config):
+    """The routing needs 384 padded sfa rows but the buffer holds 128 (the binding cannot see offs): group 0's rows
+    are right, groups 1 and 2 (whose scales start at padded rows 128 and 256) come out NaN, never read past."""
+    x = make_grouped([60, 30, 10], 136, 512, E2M1, seed=11)
+    kp = round_up(512 // 16, 4)
+    x["sfa"] = x["sfa"].view(torch.uint8)[:128 * kp].clone().view(torch.float8_e4m3fn)
+    x["sfa_rows"] = 128
+    out = run_grouped(x, config)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[60:].float()).all()
+    x["counts"], x["starts"] = [60], [0]
+    check_grouped(x, out, f"config {config}")
+
+
 @pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
 def test_graph_replay_follows_routing(a_kind):
     """A captured grouped call replayed after offs changed in place: each replay follows its routing (the work

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
         const uint8_t* sfb = p.sfb + static_cast<int64_t>(it.g) * p.sfb_group_bytes +
                              static_cast<int64_t>(it.rb) * p.sf_atoms * kSfAtomBytes;
         const uint8_t* sfa = nullptr;
-        if constexpr (kA4) {  // clamped: a routing past the buffer's capacity is garbage, never out of bounds
+        if constexpr (kA4) {  // clamped: never read past the buffer (the consumers write those rows as NaN)
           const int blk = min(it.pad_row0 / 128, p.sfa_blocks - 1);
           sfa = p.sfa + static_cast<int64_t>(blk) * p.sf_atoms * kSfAtomBytes;
         }
@@ -443,7 +443,12 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
         for (int x = 0; x < kPer; ++x) v[x] = q == 0 ? wv[x] : v[x] + wv[x];
       }
     }
-    const float scale = p.alpha ? p.out_mult * __ldg(p.alpha + it.g) : p.out_mult;
+    float scale = p.alpha ? p.out_mult * __ldg(p.alpha + it.g) : p.out_mult;
+    // A routing that needs more sfa rows than the buffer holds (the binding cannot see offs): the chunk's
+    // scales lie past the buffer, so its rows are NaN, as on the generic path, never silently wrong numbers.
+    if constexpr (kA4) {
+      if (it.pad_row0 / 128 >= p.sfa_blocks) scale = __int_as_float(0x7fc00000);
+    }
     const int col = it.rb * kWkRows + t % kWkRows, rows = it.rows, row0 = it.row0;
     if (col < p.n) {
 #pragma unroll
