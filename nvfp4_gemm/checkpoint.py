@@ -49,6 +49,8 @@ from ._checkpoint_io import (
 )
 from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import from_blocked, to_blocked
+from . import _moe_checkpoint
+from .moe import calibrate_static as _moe_calibrate
 from .nn import NVFP4Linear, shape_supported
 from .nn import _calibrate as _run_calibration
 from .quantize import finite_amax, global_encode_scale, quantize as _quantize
@@ -366,6 +368,8 @@ def from_pretrained(
         raise CheckpointError(f"{config_path}: dtype must name a torch floating-point dtype, got {dtype!r}")
     _check_layer_count(config, entries, config_path)
     model = _build_on_meta(AutoModelForCausalLM, config, dtype, trust_remote_code, config_path)
+    # per-expert tensors on disk: the experts are read as per-expert Linear layers, then stacked (_moe_checkpoint)
+    moe_staging = _moe_checkpoint.stage_for_load(model, entries)
 
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
         config, "tie_word_embeddings", False) else set()
@@ -439,13 +443,16 @@ def from_pretrained(
 
     if tied:
         model.tie_weights()
+    moe_names = _moe_checkpoint.finish_load(model, moe_staging, device)
     _materialize_non_persistent(model, device)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise CheckpointError(f"{directory}: the checkpoint left {left[:5]} uninitialized (not in any shard)")
     model.eval()
     if calibrate is not None:
-        _calibrate(model, layers, calibrate)
+        _calibrate(model, {n: p for n, p in layers.items() if ".experts." not in n or not any(
+            n.startswith(m + ".") for m in moe_names)}, calibrate)
+        _moe_calibrate(model, moe_names, calibrate)
     if fuse:
         from .fused import fuse_projections
 
@@ -627,6 +634,11 @@ def save_pretrained(
     """
     if format not in FORMATS:
         raise ValueError(f"save_pretrained: format must be one of {FORMATS}, got {format!r}")
+    if any(isinstance(m, _moe_checkpoint.NVFP4Experts) for m in model.modules()):
+        # experts are written per expert, as every MoE checkpoint names them; the model is restored after
+        with _moe_checkpoint.per_expert_view(model):
+            return save_pretrained(model, path, format, tokenizer=tokenizer, max_shard_size=max_shard_size,
+                                   progress=progress)
     layers = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     if not layers:
         raise ValueError("save_pretrained: the model has no NVFP4Linear layer; nothing to save in an NVFP4 format")
@@ -671,6 +683,7 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
     excluded = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
     if format == "modelopt":  # ModelOpt's export lists every float module with a weight, embeddings included
         excluded = sorted(set(excluded) | {n for n, m in model.named_modules() if isinstance(m, nn.Embedding)})
+    excluded = sorted(set(excluded) | set(_moe_checkpoint.router_names(model)))  # MoE routers stay float
 
     names = {"modelopt": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
              "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}[format]

@@ -493,6 +493,9 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
     else:
         gate_up = _gemm(mod, "gate_up_proj", x, routing, routing.token, dtype)
     inter = mod.act_fn(gate_up[:, :i]) * gate_up[:, i:]
+    observer = mod.__dict__.get("_observer")
+    if observer is not None:  # calibration (calibrate_static): sees both GEMMs' inputs
+        observer(routing, x, inter)
     down = _gemm(mod, "down_proj", inter, routing, None, dtype)
     # top-k weight in fp32, back to (token, slot) order, the k slots of a token summed in fp32, one rounding
     w = top_k_weights.reshape(-1)[routing.perm].to(torch.float32)
@@ -631,3 +634,44 @@ def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_on
         if bar is not None:
             bar.close()
     return names
+
+
+def _row_amax_per_expert(rows: torch.Tensor, expert: torch.Tensor, num_experts: int) -> torch.Tensor:
+    a = rows.detach().abs().float()
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax(dim=1)
+    out = torch.zeros(num_experts, dtype=torch.float32, device=rows.device)
+    return out.scatter_reduce(0, expert, a, "amax")
+
+
+def calibrate_static(model: nn.Module, names: list[str], calibrate) -> list[str]:
+    """Runs calibrate(model) once (no_grad) and gives each W4A4 NVFP4Experts among `names` static input scales:
+    per expert, the largest finite |input| its rows had (gate_up: the routed tokens; down: SiLU(gate) * up as
+    the module computed it) / 2688. Experts that saw no token get the decode scale 1. Weight-only modules are
+    left alone. Returns the names of the modules made static."""
+    mods = {n: model.get_submodule(n) for n in names}
+    mods = {n: m for n, m in mods.items() if isinstance(m, NVFP4Experts) and not m.weight_only}
+    seen = {n: [torch.zeros(m.num_experts, device=m.gate_up_proj.device),
+                torch.zeros(m.num_experts, device=m.gate_up_proj.device)] for n, m in mods.items()}
+
+    def observer(name, m):
+        def record(routing, x, inter):
+            acc = seen[name]
+            acc[0] = torch.maximum(acc[0], _row_amax_per_expert(x[routing.token], routing.expert, m.num_experts))
+            acc[1] = torch.maximum(acc[1], _row_amax_per_expert(inter, routing.expert, m.num_experts))
+        return record
+
+    for n, m in mods.items():
+        m.__dict__["_observer"] = observer(n, m)
+    try:
+        with torch.no_grad():
+            calibrate(model)
+    finally:
+        for m in mods.values():
+            m.__dict__.pop("_observer", None)
+    for n, m in mods.items():
+        a_in, a_mid = seen[n]
+        dev = m.gate_up_proj.device
+        m.gate_up_proj_input_scale = (1.0 / global_encode_scale_rows(a_in)).unsqueeze(1).expand(-1, 2).contiguous()
+        m.down_proj_input_scale = (1.0 / global_encode_scale_rows(a_mid)).to(dev)
+        m.refresh()
+    return list(mods)
