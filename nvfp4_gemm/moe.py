@@ -675,3 +675,12 @@ def calibrate_static(model: nn.Module, names: list[str], calibrate) -> list[str]
         m.down_proj_input_scale = (1.0 / global_encode_scale_rows(a_mid)).to(dev)
         m.refresh()
     return list(mods)
+
+
+def quantize_model_experts(model: nn.Module, filter, *, calibrate, weight_only: bool, method: str, fuse: bool,
+                           progress: bool) -> list[str]:
+    """quantize_model's part for experts modules: the same filter, calibration, mode and method as its Linear
+    layers; fuse shares gate's and up's per-tensor scale within each expert (as it shares the scale of a fused
+    q/k/v or gate/up group). Weight-only rtn has no use for calibrate (quantize_model refuses it before)."""
+    return quantize_experts(model, filter, calibrate=calibrate, weight_only=weight_only, method=method,
+                            share_gate_up=fuse, progress=progress)
