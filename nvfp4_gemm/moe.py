@@ -497,12 +497,12 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
     if observer is not None:  # calibration (calibrate_static): sees both GEMMs' inputs
         observer(routing, x, inter)
     down = _gemm(mod, "down_proj", inter, routing, None, dtype)
-    # top-k weight in fp32, back to (token, slot) order, the k slots of a token summed in fp32, one rounding
-    w = top_k_weights.reshape(-1)[routing.perm].to(torch.float32)
-    weighted = down.to(torch.float32) * w.unsqueeze(1)
-    out = torch.zeros(t * routing.k, h, dtype=torch.float32, device=x.device)
-    out.index_copy_(0, routing.perm, weighted)
-    return out.view(t, routing.k, h).sum(dim=1).to(dtype)
+    # back to (token, slot) order by a gather (one pass, no zero fill; inductor fuses it with what follows),
+    # the top-k weight in fp32, the k slots of a token summed in fp32 (deterministic: no atomics), one rounding
+    inv = torch.empty_like(routing.perm)
+    inv.scatter_(0, routing.perm, torch.arange(routing.s, device=x.device, dtype=routing.perm.dtype))
+    y = down[inv].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
+    return y.sum(dim=1).to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------
