@@ -273,7 +273,7 @@ def test_unsupported_family_is_refused_with_the_reason():
 
 
 def test_calibrated_static_and_gptq_experts():
-    model_f = tiny("qwen3_moe")
+    model_f = tiny("qwen3_moe", layers=1)
     ids = _ids(16, seed=5)
 
     def calibrate(m):
