@@ -52,7 +52,9 @@ import re
 import torch
 from torch import nn
 
+from . import methods
 from .formats import SF_VEC, blocked_shape, from_blocked, round_up, to_blocked
+from .nn import check_method
 from .quantize import E2M1_MAX, E4M3_MAX, _MIDPOINTS, _e4m3_rn_sat_bits, finite_amax, global_encode_scale, quantize
 
 log = logging.getLogger(__name__)
@@ -214,9 +216,11 @@ class NVFP4Experts(nn.Module):
         (ExpertStats): static input scales from its amaxes (unless weight_only), the Hessians / their
         diagonals for gptq / mse; experts the calibration never routed a token to keep dynamic-free defaults:
         their amax is 0, so their static input scale is the smallest one (they have no inputs to fit)."""
-        from .nn import _quantize_weight, _check_method
+        check_method(method)
 
-        _check_method(method)
+        def _quantize_weight(w, m, hessian):
+            return methods.quantize_weight(w, m, **({} if hessian is None else {"hessian": hessian}))
+
         why = unsupported_reason(experts)
         if why:
             raise ValueError(f"NVFP4Experts.from_float: {why}")
@@ -228,10 +232,6 @@ class NVFP4Experts(nn.Module):
             raise ValueError("NVFP4Experts.from_float: method='gptq' needs stats with Hessians (calibration)")
         out = cls(e, h, i, act_fn=getattr(experts, "act_fn", None), weight_only=weight_only,
                   static_input_scale=static, device=gu.device)
-
-        def q(w, hessian, gs=None):
-            w = w if w.dtype in _FLOATS else w.float()
-            return _quantize_weight(w, method, hessian, gs)
 
         def hess(which, idx):
             if stats is None:
@@ -523,9 +523,7 @@ class ExpertStats:
         self.hessian_in = self.hessian_mid = None
         self._acc_in = self._acc_mid = None
         if hessians is not None:
-            from .nn import _methods_module
-
-            acc = _methods_module().HessianAccumulator
+            acc = methods.HessianAccumulator
             diag = hessians == "diagonal"
             self._acc_in = [acc(h, dev, diagonal=diag) for _ in range(e)]
             self._acc_mid = [acc(n2 // 2, dev, diagonal=diag) for _ in range(e)]
@@ -677,10 +675,27 @@ def calibrate_static(model: nn.Module, names: list[str], calibrate) -> list[str]
     return list(mods)
 
 
-def quantize_model_experts(model: nn.Module, filter, *, calibrate, weight_only: bool, method: str, fuse: bool,
-                           progress: bool) -> list[str]:
-    """quantize_model's part for experts modules: the same filter, calibration, mode and method as its Linear
-    layers; fuse shares gate's and up's per-tensor scale within each expert (as it shares the scale of a fused
-    q/k/v or gate/up group). Weight-only rtn has no use for calibrate (quantize_model refuses it before)."""
-    return quantize_experts(model, filter, calibrate=calibrate, weight_only=weight_only, method=method,
-                            share_gate_up=fuse, progress=progress)
+def experts_to_quantize(model: nn.Module, filter) -> list[str]:
+    """quantize_model's plan: the experts modules filter(name, module) accepts (raises for those of unsupported
+    families, before anything is quantized)."""
+    names = []
+    for name, mod in model.named_modules():
+        if looks_like_experts(mod) and (filter is None or filter(name, mod)):
+            why = unsupported_reason(mod)
+            if why:
+                raise NotImplementedError(f"quantize_model: '{name}': {why}; leave it out with filter= to keep it "
+                                          f"in float")
+            names.append(name)
+    return names
+
+
+def quantize_model_experts(model: nn.Module, names: list[str], *, calibrate, weight_only: bool, method: str,
+                           fuse: bool, progress: bool) -> list[str]:
+    """quantize_model's part for experts modules `names` (experts_to_quantize): the same calibration, mode and
+    method as its Linear layers; fuse shares gate's and up's per-tensor scale within each expert (as it shares
+    the scale of a fused q/k/v or gate/up group)."""
+    if not names:
+        return []
+    wanted = set(names)
+    return quantize_experts(model, lambda n, m: n in wanted, calibrate=calibrate, weight_only=weight_only,
+                            method=method, share_gate_up=fuse, progress=progress)

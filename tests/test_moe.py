@@ -270,6 +270,12 @@ def test_unsupported_family_is_refused_with_the_reason():
     model.model.layers[0].mlp.experts = OtherExperts()
     with pytest.raises(NotImplementedError, match="not of a supported MoE family.*Qwen3-MoE, Qwen2-MoE, Mixtral"):
         moe.quantize_experts(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(NotImplementedError, match="leave it out with filter="):
+        nvfp4_gemm.quantize_model(model, progress=False)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # refused before any change
+    nvfp4_gemm.quantize_model(model, filter=lambda n, m: "layers.0.mlp.experts" not in n, progress=False)
+    assert isinstance(model.model.layers[0].mlp.experts, OtherExperts)
 
 
 def test_calibrated_static_and_gptq_experts():
@@ -316,8 +322,8 @@ def test_families_save_and_reload_under_their_checkpoint_names(tmp_path, family)
     from nvfp4_gemm.checkpoint import from_pretrained, save_pretrained
 
     model = tiny(family)
-    moe.quantize_experts(model, weight_only=True)
     nvfp4_gemm.quantize_model(model, filter=lambda n, m: n != "lm_head", weight_only=True, progress=False)
+    assert sum(isinstance(m, moe.NVFP4Experts) for m in model.modules()) == (1 if family == "deepseek_v3" else 2)
     save_pretrained(model, tmp_path / "ckpt", format="modelopt", progress=False)
     with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
         keys = set(f.keys())

@@ -241,7 +241,9 @@ def test_quantize_save_reload_bit_for_bit(tmp_path, mode, fmt):
     calibrate = None if mode == "weight_only" else (lambda m: m(ids))
     nvfp4_gemm.quantize_model(model, filter=lambda n, m: n != "lm_head", weight_only=mode == "weight_only",
                               calibrate=calibrate, progress=False)
-    moe.quantize_experts(model, weight_only=mode == "weight_only", calibrate=calibrate)
+    ex = model.model.layers[1].mlp.experts  # quantize_model swapped the experts too, in the same mode
+    assert isinstance(ex, moe.NVFP4Experts) and ex.weight_only == (mode == "weight_only")
+    assert ex.static_input_scale == (mode == "static")
     out = tmp_path / "ckpt"
     save_pretrained(model, out, format=fmt, progress=False)
     back = from_pretrained(str(out), progress=False)
