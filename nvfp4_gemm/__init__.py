@@ -29,6 +29,13 @@ from .nn import NVFP4Linear  # noqa: E402
 from ._quantize_model import quantize_model  # noqa: E402
 from .fused import fuse_projections, unfuse_projections  # noqa: E402
 from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
+from .grouped import (  # noqa: E402
+    grouped_mm,
+    grouped_sfa_rows,
+    quantize_grouped,
+    reference_grouped_mm,
+    to_blocked_grouped,
+)
 
 __all__ = [
     "mm",
@@ -56,4 +63,9 @@ __all__ = [
     "save_pretrained",
     "CheckpointError",
     "UnsupportedFormatError",
+    "grouped_mm",
+    "grouped_sfa_rows",
+    "to_blocked_grouped",
+    "quantize_grouped",
+    "reference_grouped_mm",
 ]

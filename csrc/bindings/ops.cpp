@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bindings/registry.h"
+#include "bindings/grouped.h"
 
 namespace nvfp4_gemm {
 namespace {
@@ -64,6 +65,35 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
     std::vector<std::string> out;
     for (const nvfp4_gemm::BackendApi* api : nvfp4_gemm::backends()) {
       if (api->supports_sm(static_cast<int32_t>(sm))) out.emplace_back(api->name);
+    }
+    return out;
+  });
+  // The grouped (mixture-of-experts) GEMM, SPEC.md "Grouped GEMM": b [G, N, K/2], offs int32 [G] cumulative row
+  // ends read on the device, alpha float32 [G] or None. grouped_mm_out writes into a caller's [T, N] tensor.
+  m.def(
+      "grouped_mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs, Tensor? alpha=None, "
+      "ScalarType? out_dtype=None) -> Tensor");
+  m.def(
+      "grouped_mm_out(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs, Tensor? alpha=None, "
+      "ScalarType? out_dtype=None, *, Tensor(a!) out) -> ()");
+  // Grouped quantization of A with one scale per group, rows to linear scales (nvfp4_gemm/grouped.py places
+  // them in the grouped blocked layout): group_scale [G] float32 is each group's static DECODE input scale, or
+  // (dynamic=True) each group's finite amax; row_group int32 [T] the group of each row. Returns packed [T, K/2],
+  // linear e4m3 scales [T, K/16] and the groups' decode scales [G].
+  m.def(
+      "_quantize_grouped_rows(Tensor x, Tensor group_scale, Tensor row_group, bool dynamic) -> (Tensor, Tensor, "
+      "Tensor)");
+  m.def("_register_grouped_backends() -> str[]", []() { return nvfp4_gemm::register_grouped_backends(); });
+  m.def("_grouped_backends() -> str[]", []() {
+    std::vector<std::string> out;
+    for (const nvfp4_gemm::GroupedBackendApi* api : nvfp4_gemm::grouped_backends()) out.emplace_back(api->name);
+    return out;
+  });
+  m.def("_grouped_configs(str backend) -> str[]", [](const std::string& backend) {
+    std::vector<std::string> out;
+    for (const nvfp4_gemm::GroupedBackendApi* api : nvfp4_gemm::grouped_backends()) {
+      if (backend != api->name) continue;
+      for (int32_t i = 0; i < api->num_configs; ++i) out.emplace_back(api->config_names[i]);
     }
     return out;
   });

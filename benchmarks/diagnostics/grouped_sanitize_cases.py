@@ -1,0 +1,73 @@
+"""Grouped GEMM cases for compute-sanitizer (memcheck, racecheck): empty groups, one group holding every token,
+groups of one token, T not a multiple of anything, G = 1, both forms (W4A4, fp16 / bf16 weight-only), the
+grouped quantization, sfa sized for round_up(T,128) only while the routing needs more (NaN rows, nothing read
+past the buffer) and garbage routing (decreasing, negative, past T). Each case is checked against the float64
+reference. Backend: NVFP4_GEMM_BACKEND as set (default auto; run once with generic and once with sm90):
+
+    NVFP4_GEMM_BACKEND=generic compute-sanitizer --tool memcheck python benchmarks/diagnostics/grouped_sanitize_cases.py
+    NVFP4_GEMM_BACKEND=sm90 compute-sanitizer --tool racecheck python benchmarks/diagnostics/grouped_sanitize_cases.py
+"""
+import sys
+
+import torch
+
+import nvfp4_gemm
+from nvfp4_gemm.testing_grouped import GroupedCase, grouped_reference, make_grouped_inputs, op_args
+
+CASES = [
+    GroupedCase(1, 64, 128, 8, "ones", torch.float16, alpha=True),
+    GroupedCase(37, 136, 96, 4, "uniform", torch.bfloat16, alpha=True),
+    GroupedCase(130, 72, 256, 5, "one", torch.float32, alpha=True),
+    GroupedCase(6, 64, 128, 9, "ones"),
+    GroupedCase(301, 64, 256, 1, sfa_size="least"),
+    GroupedCase(70, 40, 64, 6, "edges", sfa_size="exact"),
+    GroupedCase(300, 256, 512, 16, "skewed", torch.bfloat16, alpha=True),
+    GroupedCase(33, 24, 96, 4, "skewed", a_dtype=torch.float16, alpha=True),
+    GroupedCase(200, 128, 256, 8, "skewed", a_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
+    GroupedCase(3, 512, 2048, 128, "ones", a_dtype=torch.bfloat16, alpha=True),
+    GroupedCase(16, 512, 2048, 128, "uniform", alpha=True),
+]
+
+
+def main() -> int:
+    failures = 0
+    for case in CASES:
+        inputs = make_grouped_inputs(case, "cuda", seed=1)
+        args, kwargs = op_args(inputs)
+        out = nvfp4_gemm.grouped_mm(*args, **kwargs)
+        worst, msg = grouped_reference(inputs).ratio(out)
+        print(f"{case.id}: worst error / bound {worst:.3g} {msg}")
+        failures += worst > 1.0
+
+    # sfa holding round_up(T,128) rows while the routing needs 384: rows past the buffer come out NaN.
+    inputs = make_grouped_inputs(GroupedCase(100, 64, 128, 3, counts=(60, 30, 10)), "cuda", seed=2)
+    args, kwargs = op_args(inputs)
+    small = args[2].reshape(-1)[: 128 * 8].clone()
+    out = nvfp4_gemm.grouped_mm(args[0], args[1], small, args[3], args[4], **kwargs)
+    ok = not torch.isnan(out[:60]).any() and torch.isnan(out[60:]).all()
+    print(f"sfa too small for the routing: rows past the buffer NaN, the rest finite: {bool(ok)}")
+    failures += not ok
+
+    # Garbage routing: wrong rows, no fault.
+    for bad in ([60, 10, -5, 100], [1000, 2000, 100], [-7, -7, -7]):
+        offs = torch.tensor(bad, dtype=torch.int32, device="cuda")
+        g = len(bad)
+        inputs = make_grouped_inputs(GroupedCase(100, 64, 128, g), "cuda", seed=3)
+        args, kwargs = op_args(inputs)
+        nvfp4_gemm.grouped_mm(args[0], args[1], args[2], args[3], offs, **kwargs)
+    torch.cuda.synchronize()
+    print("garbage routing: no fault")
+
+    # The grouped quantization and the blocked placement, static and dynamic.
+    x = torch.randn(77, 256, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([0, 40, 40, 41, 77], dtype=torch.int32, device="cuda")
+    for scale in (None, torch.full((5,), 0.01, device="cuda")):
+        packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x, offs, scale)
+    torch.cuda.synchronize()
+    print("quantize_grouped: done")
+    print("FAILURES:", failures)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

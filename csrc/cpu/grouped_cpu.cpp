@@ -1,0 +1,245 @@
+// CPU backend of the grouped GEMM and of the grouped quantization: for each non-empty group, exact decode of
+// its rows of A and of its weight to float32, an fp32 matmul, alpha[g], one rounding to the output dtype (the
+// numbers of mm's CPU backend, group by group). offs and alpha are host memory here, so unlike the CUDA
+// backends this one checks the routing itself: offs non-decreasing, ending at T, and sfa large enough for it.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/grouped.h"
+#include "common/e2m1.h"
+#include "quant/recipe.h"
+
+namespace nvfp4_gemm {
+namespace {
+
+constexpr const char* kOp = "nvfp4_gemm.grouped_mm";
+
+// rows x k packed e2m1 (rows `ld` bytes apart) whose logical scale (r, s) is sf[blocked_sf_offset(r0 + r, s, k/16)]
+// -> [rows, k] float32, exact (an e2m1 value times an e4m3 scale).
+void decode_rows(const uint8_t* src, int64_t ld, const uint8_t* sf, int64_t r0, int64_t rows, int64_t k, float* dst) {
+  const int64_t sf_cols = k / kSfVecSize;
+  float lut[16];
+  for (int c = 0; c < 16; ++c) lut[c] = e2m1_to_float(static_cast<uint8_t>(c));
+  at::parallel_for(0, rows, 16, [&](int64_t q0, int64_t q1) {
+    for (int64_t r = q0; r < q1; ++r) {
+      for (int64_t s = 0; s < sf_cols; ++s) {
+        const float scale = e4m3_to_float(sf[blocked_sf_offset(r0 + r, s, sf_cols)]);
+        const uint8_t* in = src + r * ld + s * (kSfVecSize / 2);
+        float* o = dst + r * k + s * kSfVecSize;
+        for (int i = 0; i < kSfVecSize / 2; ++i) {
+          o[2 * i] = lut[in[i] & 0xF] * scale;
+          o[2 * i + 1] = lut[in[i] >> 4] * scale;
+        }
+      }
+    }
+  });
+}
+
+// A packed [rows, k/2] view as contiguous bytes (a copy only when its rows are not K/2 bytes apart with unit
+// stride).
+at::Tensor packed_rows(const at::Tensor& t) { return t.view(at::kByte).contiguous(); }
+
+// Group row ranges from offs (host memory), after checking the routing: non-decreasing from 0, ending at T.
+std::vector<int64_t> group_ends(const at::Tensor& offs, int64_t t) {
+  const int32_t* o = offs.data_ptr<int32_t>();
+  const int64_t g = offs.numel();
+  std::vector<int64_t> ends(g);
+  int64_t prev = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    TORCH_CHECK(o[i] >= prev, kOp, ": offs must be non-decreasing cumulative row ends starting from 0, got offs[", i,
+                "] = ", o[i], (i ? " after offs[" + std::to_string(i - 1) + "] = " + std::to_string(prev)
+                                 : std::string(" (below 0)")));
+    ends[i] = o[i];
+    prev = o[i];
+  }
+  TORCH_CHECK(prev == t, kOp, ": offs[G-1] must equal T = a.shape[0] = ", t, " (every row belongs to a group), got ",
+              prev);
+  return ends;
+}
+
+void grouped_into(const GroupedShape& s, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                  const at::Tensor& sfb, const at::Tensor& offs, const std::optional<at::Tensor>& alpha,
+                  const at::Tensor& out) {
+  const std::vector<int64_t> ends = group_ends(offs, s.t);
+  const int64_t sf_cols = s.k / kSfVecSize;
+  const int64_t sp = round_up(sf_cols, kSfAtomCols);
+  // Padded row where each group's scales start in sfa, and the total the routing needs.
+  std::vector<int64_t> pad_start(s.g);
+  int64_t padded = 0, start = 0;
+  for (int64_t i = 0; i < s.g; ++i) {
+    pad_start[i] = padded;
+    padded += round_up(ends[i] - start, kSfAtomRows);
+    start = ends[i];
+  }
+  TORCH_CHECK(s.weight_only || padded <= s.sfa_rows, kOp, ": sfa holds ", s.sfa_rows, " padded rows, but this "
+              "routing needs sum_g round_up(m_g,128) = ", padded, " (", padded * sp, " e4m3 values); size it with "
+              "nvfp4_gemm.grouped_sfa_rows(T, G) = ", grouped_sfa_rows_worst(s.t, s.g), " rows");
+  if (s.t == 0 || s.n == 0) return;
+
+  const at::Tensor a_bytes = s.weight_only ? at::Tensor() : packed_rows(a);
+  const at::Tensor alpha_host = alpha.has_value() ? alpha->contiguous() : at::Tensor();
+  const float* al = alpha.has_value() ? alpha_host.data_ptr<float>() : nullptr;
+  const uint8_t* sfa_bytes = s.weight_only ? nullptr : static_cast<const uint8_t*>(sfa->data_ptr());
+  const uint8_t* sfb_bytes = static_cast<const uint8_t*>(sfb.data_ptr());
+  const int64_t sfb_group = round_up(s.n, kSfAtomRows) * sp;
+  const auto f32 = a.options().dtype(at::kFloat);
+
+  start = 0;
+  for (int64_t gi = 0; gi < s.g; ++gi) {
+    const int64_t m = ends[gi] - start;
+    const int64_t row0 = start;
+    start = ends[gi];
+    if (m == 0) continue;
+    at::Tensor a_dq;
+    if (s.weight_only) {
+      a_dq = a.narrow(0, row0, m).to(at::kFloat);  // fp16 / bf16 / fp32 activations are exact in fp32
+    } else {
+      a_dq = at::empty({m, s.k}, f32);
+      decode_rows(a_bytes.data_ptr<uint8_t>() + row0 * (s.k / 2), s.k / 2, sfa_bytes, pad_start[gi], m, s.k,
+                  a_dq.data_ptr<float>());
+    }
+    const at::Tensor b_g = packed_rows(b.select(0, gi));
+    at::Tensor b_dq = at::empty({s.n, s.k}, f32);
+    decode_rows(b_g.data_ptr<uint8_t>(), s.k / 2, sfb_bytes + gi * sfb_group, 0, s.n, s.k, b_dq.data_ptr<float>());
+    at::Tensor acc = at::mm(a_dq, b_dq.t());
+    if (al != nullptr) acc.mul_(al[gi]);  // fp32 times fp32, rounded once; the copy below is the one output rounding
+    out.narrow(0, row0, m).copy_(acc);
+  }
+}
+
+at::Tensor grouped_mm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                          const at::Tensor& sfb, const at::Tensor& offs, const std::optional<at::Tensor>& alpha,
+                          std::optional<at::ScalarType> out_dtype) {
+  const GroupedShape s = check_grouped_inputs(a, b, sfa, sfb, offs, alpha, out_dtype, nullptr, /*gpu_rules=*/false);
+  at::Tensor out = at::empty({s.t, s.n}, a.options().dtype(s.out_dtype));
+  grouped_into(s, a, b, sfa, sfb, offs, alpha, out);
+  return out;
+}
+
+void grouped_mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
+                        const at::Tensor& sfb, const at::Tensor& offs, const std::optional<at::Tensor>& alpha,
+                        std::optional<at::ScalarType> out_dtype, const at::Tensor& out) {
+  const GroupedShape s = check_grouped_inputs(a, b, sfa, sfb, offs, alpha, out_dtype, &out, /*gpu_rules=*/false);
+  grouped_into(s, a, b, sfa, sfb, offs, alpha, out);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Grouped quantization: row r quantized with the encode scale of its group, recipe.h's arithmetic (the
+// code nvfp4_gemm::quantize runs), so its bits are those of quantizing each group alone with its own scale.
+
+template <typename Raw, typename ToBits>
+void quantize_rows(const Raw* x, int64_t rows, int64_t k, const float* gs_of_group, const int32_t* row_group,
+                   uint8_t* packed, uint8_t* sf, ToBits to_bits) {
+  const int64_t sf_cols = k / kSfVecSize;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    uint32_t abs_bits[kSfVecSize], neg[kSfVecSize];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float gs = gs_of_group[row_group[r]];
+      for (int64_t s = 0; s < sf_cols; ++s) {
+        const Raw* in = x + r * k + s * kSfVecSize;
+        uint32_t amax_bits = 0;
+        for (int i = 0; i < kSfVecSize; ++i) {
+          const uint32_t bits = to_bits(in[i]);
+          neg[i] = sizeof(Raw) == 4 ? bits >> 31 : (static_cast<uint32_t>(in[i]) >> 15) & 1u;
+          abs_bits[i] = bits & 0x7FFFFFFFu;
+          amax_bits = std::max(amax_bits, abs_bits[i]);
+        }
+        const uint8_t s8 = quant::block_scale(quant::bits_float(amax_bits), gs);
+        sf[r * sf_cols + s] = s8;
+        const float inv = quant::value_multiplier(s8, gs);
+        uint8_t* o = packed + r * (k / 2) + s * (kSfVecSize / 2);
+        for (int i = 0; i < kSfVecSize / 2; ++i) {
+          o[i] = static_cast<uint8_t>(quant::e2m1_code(abs_bits[2 * i], neg[2 * i], inv) |
+                                      (quant::e2m1_code(abs_bits[2 * i + 1], neg[2 * i + 1], inv) << 4));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// Shared with the CUDA implementation: the checks of _quantize_grouped_rows.
+void check_quantize_grouped_rows(const at::Tensor& x, const at::Tensor& group_scale, const at::Tensor& row_group) {
+  constexpr const char* op = "nvfp4_gemm.quantize_grouped";
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, K], got shape ", x.sizes());
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
+              ": x must be float32, float16 or bfloat16, got ", dt);
+  const int64_t k = x.size(1);
+  TORCH_CHECK(k > 0 && k % kSfVecSize == 0, op, ": K = x.shape[1] must be a positive multiple of 16 (one e4m3 scale "
+              "per 16 elements), got ", k);
+  TORCH_CHECK(group_scale.scalar_type() == at::kFloat && group_scale.dim() == 1 && group_scale.numel() >= 1 &&
+                  group_scale.is_contiguous(),
+              op, ": the per-group scales must be a contiguous float32 [G] tensor, got ", group_scale.scalar_type(),
+              " of shape ", group_scale.sizes());
+  TORCH_CHECK(row_group.scalar_type() == at::kInt && row_group.dim() == 1 && row_group.size(0) == x.size(0) &&
+                  row_group.is_contiguous(),
+              op, ": row_group must be a contiguous int32 [T] = [", x.size(0), "] tensor, got ",
+              row_group.scalar_type(), " of shape ", row_group.sizes());
+  TORCH_CHECK(group_scale.device() == x.device() && row_group.device() == x.device(), op,
+              ": the per-group scales and row_group must be on x's device (", x.device(), "), got ",
+              group_scale.device(), " and ", row_group.device());
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cpu(const at::Tensor& x_in,
+                                                                         const at::Tensor& group_scale,
+                                                                         const at::Tensor& row_group, bool dynamic) {
+  check_quantize_grouped_rows(x_in, group_scale, row_group);
+  const int64_t t = x_in.size(0), k = x_in.size(1), g = group_scale.numel();
+  at::Tensor packed = at::empty({t, k / 2}, x_in.options().dtype(at::kByte));
+  at::Tensor sf = at::empty({t, k / kSfVecSize}, x_in.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor decode = at::empty({g}, x_in.options().dtype(at::kFloat));
+  const float* in_scale = group_scale.data_ptr<float>();
+  std::vector<float> encode(g);
+  for (int64_t i = 0; i < g; ++i) {
+    const quant::InputScales sc = dynamic ? quant::dynamic_input_scales(in_scale[i], 1.0f)
+                                          : quant::static_input_scales(in_scale[i], 1.0f);
+    encode[i] = sc.encode;
+    decode.data_ptr<float>()[i] = sc.decode;
+  }
+  const int32_t* rg = row_group.data_ptr<int32_t>();
+  for (int64_t r = 0; r < t; ++r) {
+    TORCH_CHECK(rg[r] >= 0 && rg[r] < g, "nvfp4_gemm.quantize_grouped: row ", r, " maps to group ", rg[r],
+                ", outside [0, G=", g, ")");
+  }
+  // Only the groups that own a row: an unused group's bad static scale must not stop the others.
+  for (int64_t r = 0; r < t; ++r) {
+    const float gs = encode[rg[r]];
+    TORCH_CHECK(quant::usable_encode_scale(gs), "nvfp4_gemm.quantize_grouped: group ", rg[r], "'s input scale must "
+                "be positive and finite (its encode scale 1 / input_scale is ", gs, "), got ", in_scale[rg[r]]);
+  }
+  if (t == 0) return {packed, sf, decode};
+  const at::Tensor x = x_in.contiguous();
+  uint8_t* p = packed.data_ptr<uint8_t>();
+  uint8_t* f = static_cast<uint8_t*>(sf.data_ptr());
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      quantize_rows(static_cast<const uint32_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f,
+                    [](uint32_t v) { return v; });
+      break;
+    case at::kHalf:
+      quantize_rows(static_cast<const uint16_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f, quant::f16_to_f32_bits);
+      break;
+    default:
+      quantize_rows(static_cast<const uint16_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f, quant::bf16_to_f32_bits);
+      break;
+  }
+  return {packed, sf, decode};
+}
+
+}  // namespace
+}  // namespace nvfp4_gemm
+
+TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
+  m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cpu);
+  m.impl("grouped_mm_out", &nvfp4_gemm::grouped_mm_out_cpu);
+  m.impl("_quantize_grouped_rows", &nvfp4_gemm::quantize_grouped_rows_cpu);
+}
