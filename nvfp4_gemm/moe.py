@@ -53,9 +53,10 @@ import torch
 from torch import nn
 
 from . import methods
-from .formats import SF_VEC, blocked_shape, from_blocked, round_up, to_blocked
+from .formats import blocked_shape, from_blocked, to_blocked
+from .grouped import quantize_grouped, to_blocked_grouped
 from .nn import check_method
-from .quantize import E2M1_MAX, E4M3_MAX, _MIDPOINTS, _e4m3_rn_sat_bits, finite_amax, global_encode_scale, quantize
+from .quantize import E2M1_MAX, E4M3_MAX, finite_amax, global_encode_scale, quantize
 
 log = logging.getLogger(__name__)
 
@@ -298,58 +299,11 @@ def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
 # The grouped GEMM and the row quantization around it
 
 
+_GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
+
+
 def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
-    op = getattr(torch.ops.nvfp4_gemm, "grouped_mm", None)
-    if op is not None:
-        return op(a, b, sfa, sfb, offs, alpha=alpha, out_dtype=out_dtype)
-    return _grouped_mm_by_groups(a, b, sfa, sfb, offs, alpha, out_dtype)
-
-
-def _grouped_mm_by_groups(a, b, sfa, sfb, offs, alpha, out_dtype):
-    """One mm per non-empty group (reads offs on the host): for builds without the grouped op."""
-    from .ops import mm
-
-    t = a.shape[0]
-    n, k = b.shape[1], b.shape[2] * 2
-    out = torch.empty(t, n, dtype=out_dtype, device=a.device)
-    cp = round_up(k // SF_VEC, 4)
-    start = pstart = 0
-    sfa_flat = None if sfa is None else sfa.reshape(-1)
-    sfb2 = sfb.reshape(b.shape[0], -1)
-    for g, end in enumerate(offs.tolist()):
-        m = end - start
-        if m > 0:
-            rows = round_up(m, 128)
-            s = None if sfa_flat is None else sfa_flat[pstart * cp:(pstart + rows) * cp]
-            al = None if alpha is None else alpha[g:g + 1]
-            out[start:end] = mm(a[start:end], b[g], s, sfb2[g], al, out_dtype)
-            pstart += rows
-        start = end
-    return out
-
-
-def _quantize_rows(x: torch.Tensor, encode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """nvfp4_gemm.quantize's recipe with one ENCODE scale per row (encode [R], float32): (packed [R, K/2],
-    LINEAR e4m3 scales [R, K/16]). Tensor ops only (nvfp4_gemm.quantize.reference_quantize's steps, each the
-    same fp32 operation), so the bits are the native op's for each row's scale."""
-    rows, k = x.shape
-    gs = encode.reshape(rows, 1)
-    raw = x.view(torch.int32 if x.dtype == torch.float32 else torch.int16)
-    neg = (raw < 0).to(torch.uint8).reshape(rows, -1, SF_VEC)
-    xa = x.to(torch.float32).abs().reshape(rows, -1, SF_VEC)
-    amax = xa.amax(dim=-1)
-    s8 = _e4m3_rn_sat_bits(amax / 6.0 * gs)
-    usable = (gs > 0) & (gs <= torch.finfo(torch.float32).max)
-    s8 = torch.where(usable, s8, torch.full_like(s8, 0x7F))
-    sf = s8.view(torch.float8_e4m3fn).to(torch.float32)
-    inv = torch.where(sf > 0, gs / sf, torch.zeros_like(sf))
-    q = xa * inv.unsqueeze(-1)
-    mag = torch.zeros_like(q, dtype=torch.uint8)
-    for mid, tie_up in _MIDPOINTS:
-        mag += (q >= mid if tie_up else q > mid).to(torch.uint8)
-    mag = torch.where(torch.isnan(q), torch.full_like(mag, 7), mag)
-    codes = ((neg << 3) | mag).reshape(rows, k)
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), s8.view(torch.float8_e4m3fn)
+    return _GROUPED_MM(a, b, sfa, sfb, offs, alpha, out_dtype)
 
 
 class _Routing:
@@ -365,53 +319,31 @@ class _Routing:
         counts.scatter_add_(0, self.expert, torch.ones_like(self.expert, dtype=torch.int32))
         self.offs = torch.cumsum(counts, 0, dtype=torch.int32)
         self.num_experts = num_experts
-        self._counts = counts
-        self._dest = None
-
-    def dest_rows(self) -> tuple[torch.Tensor, int]:
-        """Each sorted row's row in the grouped blocked scale layout (every group starts at a 128-row atom),
-        and the layout's row capacity (enough for any routing of these S rows)."""
-        if self._dest is None:
-            counts = self._counts
-            padded = (counts + 127) // 128 * 128
-            pstart = torch.cumsum(padded, 0) - padded
-            start = self.offs - counts
-            e = self.expert
-            row = torch.arange(self.s, device=e.device, dtype=torch.int32)
-            self._dest = (pstart[e] + (row - start[e])).long()
-        return self._dest, round_up(self.s + min(self.num_experts, self.s) * 127, 128)
-
-
-def _grouped_scales(sf_rows: torch.Tensor, routing: _Routing) -> torch.Tensor:
-    """LINEAR scales of the sorted rows [S, K/16] -> the grouped blocked layout (SPEC.md "Grouped GEMM")."""
-    dest, cap = routing.dest_rows()
-    lin = torch.zeros(cap, sf_rows.shape[1], dtype=torch.uint8, device=sf_rows.device)
-    lin.index_copy_(0, dest, sf_rows.view(torch.uint8))
-    return to_blocked(lin.view(torch.float8_e4m3fn))
-
 
 def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None, uniform: bool,
                  input_scale: torch.Tensor | None):
-    """A of one grouped GEMM in NVFP4: (packed [S, K/2], grouped blocked sfa, per-row decode scale [S] or one
-    [1]). x: the tensor the rows come from ([T, K] with gather = the token of each sorted row, or the [S, K]
-    sorted rows with gather None). input_scale: the experts' static DECODE scales [E], or None (dynamic: one
-    scale from the finite amax of x)."""
+    """A of one grouped GEMM in NVFP4: (packed [S, K/2], grouped blocked sfa, the input DECODE scale: one [1]
+    or per expert [E]). x: the tensor the rows come from ([T, K] with gather = the token of each sorted row, or
+    the [S, K] sorted rows with gather None). input_scale: the experts' static DECODE scales [E], or None
+    (dynamic: one scale from the finite amax of x)."""
     k = x.shape[1]
     if input_scale is None or uniform:
+        # one encode scale for every row, formed as nvfp4_gemm.linear forms it (dynamic: 2688 / amax; static:
+        # 1 / input_scale): quantize the rows x has (the T tokens, not their k gathered copies), then gather
         if input_scale is None:
             encode = global_encode_scale(finite_amax(x))
+            decode = torch.reciprocal(encode)
         else:
-            encode = torch.reciprocal(input_scale[:1].float())
-        decode = input_scale[:1].float() if input_scale is not None else torch.reciprocal(encode)
+            decode = input_scale[:1].float()
+            encode = torch.reciprocal(decode)
         packed, sf = quantize(x.contiguous(), encode)
         sf_lin = from_blocked(sf, x.shape[0], k)
         if gather is not None:
             packed, sf_lin = packed[gather], sf_lin[gather]
-        return packed, _grouped_scales(sf_lin, routing), decode
+        return packed, to_blocked_grouped(sf_lin, routing.offs), decode
     rows = x if gather is None else x[gather]
-    decode = input_scale.float()[routing.expert]
-    packed, sf_lin = _quantize_rows(rows, torch.reciprocal(decode))
-    return packed, _grouped_scales(sf_lin, routing), decode
+    packed, sfa, decode = quantize_grouped(rows.contiguous(), routing.offs, input_scale.float().contiguous())
+    return packed, sfa, decode
 
 
 def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gather, out_dtype,
@@ -425,7 +357,7 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     inp = mod._buffers[which + "_input_scale"]
     plan = mod.plan()
     if which == "gate_up_proj":
-        ws2 = ws2[:, 0]
+        ws2 = ws2[:, 0].contiguous()  # (the gate's: gate and up share it on this path)
         if inp is not None:
             inp = inp[:, 0 if part is None else part]
         uniform = plan["gate_up_uniform"]
@@ -438,10 +370,7 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
     if part is not None:
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
-    if decode.numel() == 1:
-        alpha = decode * ws2  # fl(input decode * weight_scale_2) per expert, as linear forms it
-    else:
-        alpha = inp.float() * ws2
+    alpha = decode * ws2  # fl(input decode * weight_scale_2) per expert, as linear forms it
     return _grouped_mm(packed, b, sfa, sfb, routing.offs, alpha, out_dtype)
 
 
@@ -460,7 +389,7 @@ def _gate_up_own_alphas(mod: NVFP4Experts, x: torch.Tensor, routing: _Routing) -
         for p in parts:
             acc_p, dec = _gemm(mod, "gate_up_proj", x, routing, routing.token, torch.float32, part=p)
             accs.append(acc_p)
-            decodes.append(dec.reshape(-1, 1) if dec.numel() > 1 else dec.reshape(1, 1))
+            decodes.append(dec[routing.expert].reshape(-1, 1) if dec.numel() > 1 else dec.reshape(1, 1))
         if len(parts) == 2:  # each part's columns from the GEMM whose A was quantized with that part's scale
             acc = torch.cat([accs[0][:, :i], accs[1][:, i:]], dim=1)
             decode = torch.cat([decodes[0].expand(acc.shape[0], 1), decodes[1].expand(acc.shape[0], 1)], dim=1)
