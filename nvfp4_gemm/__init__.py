@@ -37,6 +37,8 @@ from .grouped import (  # noqa: E402
     to_blocked_grouped,
 )
 
+from .moe import NVFP4Experts  # noqa: E402
+
 __all__ = [
     "mm",
     "linear",
@@ -68,4 +70,5 @@ __all__ = [
     "to_blocked_grouped",
     "quantize_grouped",
     "reference_grouped_mm",
+    "NVFP4Experts",
 ]

@@ -85,8 +85,9 @@ log = logging.getLogger(__name__)
 
 # Decoder families whose attention and MLP call the parts of a group on the same tensor, in the order of
 # _groups.FUSABLE_GROUPS
-# (read in transformers 5.x: Llama, Mistral, Qwen2 and Qwen3 attention and MLP forwards).
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# (read in transformers 5.x: Llama, Mistral, Qwen2 and Qwen3 attention and MLP forwards; the MoE families'
+# attention is Mistral's / Qwen2's / Qwen3's, their shared-expert and dense MLPs Llama's).
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
 _FAMILY_MODULE = re.compile(r"transformers\.models\.(%s)\.modeling_" % "|".join(FAMILIES))
 # A part's N must be whole 128-row blocks of the blocked scale layout for the scales to concatenate.
 _ROW_BLOCK = 128
