@@ -341,3 +341,71 @@ def test_float_checkpoint_quantized_while_loading(tmp_path):
         for k, v in b.state_dict().items():  # the same recipe: gate and up share the scale of their largest |w|
             w = a.state_dict()[k]
             assert torch.equal(v.view(torch.uint8), w.view(torch.uint8)), k
+
+
+def test_from_pretrained_calibrates_each_expert(tmp_path):
+    from nvfp4_gemm.checkpoint import from_pretrained
+
+    model = tiny("qwen3_moe", layers=1)
+    model.save_pretrained(tmp_path / "float")
+    ids = _ids(16, seed=9)
+    seen = {}
+
+    def calibrate(m):
+        ex = m.model.layers[0].mlp.experts
+        h = ex.register_forward_pre_hook(lambda _m, a: seen.update(x=a[0].clone(), idx=a[1].clone()))
+        try:
+            m(ids)
+        finally:
+            h.remove()
+
+    got = from_pretrained(str(tmp_path / "float"), quantize=True, calibrate=calibrate, progress=False)
+    ex = got.model.layers[0].mlp.experts
+    assert isinstance(ex, moe.NVFP4Experts) and ex.static_input_scale
+    x, idx = seen["x"], seen["idx"]
+    for e in range(E):
+        rows = x[(idx == e).any(dim=1)]
+        amax = rows.abs().amax() if rows.numel() else torch.zeros(())
+        want = 1.0 / nvfp4_gemm.global_encode_scale(amax)
+        assert torch.equal(ex.gate_up_proj_input_scale[e], want.expand(2)), e
+        assert (ex.down_proj_input_scale[e] > 0) and ((ex.down_proj_input_scale[e] == 1) == (rows.numel() == 0))
+
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (the grouped GEMM's GPU backends)")
+@pytest.mark.parametrize("mode", ["weight_only", "dynamic", "static"])
+def test_cuda_experts_match_the_cpu_and_replay_in_a_graph_with_new_routing(mode):
+    q, _ = _random_experts(mode, own_parts=False)
+    gq = copy.deepcopy(q).cuda()
+    t = 24
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, H, generator=g).to(torch.bfloat16)
+    idx, w = _routing(t, "random", seed=6)
+    with torch.no_grad():
+        want = q(x, idx, w).float()
+        xs, idxs, ws = x.cuda(), idx.cuda(), w.cuda()
+        got = gq(xs, idxs, ws).float().cpu()
+        # the GPU's fp32 accumulation order differs from the CPU's: bf16 rounding of the same values
+        assert (got - want).abs().max() <= 2.0**-6 * want.abs().max(), (got - want).abs().max()
+        # one CUDA graph, captured on one routing, replayed on others (routing is read on the device only)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            gq(xs, idxs, ws)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gq(xs, idxs, ws)
+        for seed, kind in ((7, "random"), (8, "one_expert"), (9, "skewed")):
+            idx2, w2 = _routing(t, kind, seed=seed)
+            x2 = torch.randn(t, H, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+            xs.copy_(x2)
+            idxs.copy_(idx2)
+            ws.copy_(w2)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager = gq(x2.cuda(), idx2.cuda(), w2.cuda())
+            assert torch.equal(out, eager), kind
