@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 

@@ -296,7 +296,7 @@ def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The grouped GEMM and the row quantization around it
+# The grouped GEMMs and the quantization of their A
 
 
 _GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
@@ -307,7 +307,8 @@ def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
 
 
 class _Routing:
-    """The (token, expert) pairs sorted by expert, and where each lands in the grouped sfa layout."""
+    """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
+    sorted row, and the per-expert row ends (offs) the grouped GEMM reads on the device."""
 
     def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
         ids = top_k_index.reshape(-1)
@@ -319,6 +320,7 @@ class _Routing:
         counts.scatter_add_(0, self.expert, torch.ones_like(self.expert, dtype=torch.int32))
         self.offs = torch.cumsum(counts, 0, dtype=torch.int32)
         self.num_experts = num_experts
+
 
 def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None, uniform: bool,
                  input_scale: torch.Tensor | None):

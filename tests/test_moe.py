@@ -59,7 +59,8 @@ def tiny(family: str = "qwen3_moe", seed: int = 0, layers: int = 2) -> torch.nn.
                                           decoder_sparse_step=1, mlp_only_layers=[])
         cls = transformers.Qwen2MoeForCausalLM
     elif family == "deepseek_v3":
-        cfg = transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=I,
+        cfg = transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4}, intermediate_size=128,
+                                            moe_intermediate_size=I,
                                             n_routed_experts=E, num_experts_per_tok=K_TOP, n_shared_experts=1,
                                             n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32,
                                             kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,

@@ -83,8 +83,8 @@ def test_moe_producer_checkpoint_loads_every_expert(name):
                 mine = _PartView(ex, e, short)
                 theirs = expert_file_tensors(t, name, l, e, part)
                 assert torch.equal(mine.weight, theirs["weight"]), (l, e, part)
-                assert torch.equal(from_blocked(mine.weight_scale, mine.out_features, mine.in_features).view(torch.uint8),
-                                   theirs["weight_scale"].view(torch.uint8)), (l, e, part)
+                sf = from_blocked(mine.weight_scale, mine.out_features, mine.in_features)
+                assert torch.equal(sf.view(torch.uint8), theirs["weight_scale"].view(torch.uint8)), (l, e, part)
                 assert torch.equal(mine.weight_scale_2.reshape(()), theirs["weight_scale_2"].float().reshape(())), \
                     (l, e, part)
                 if mode == "static":
