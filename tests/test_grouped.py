@@ -123,6 +123,18 @@ def test_groups_equal_dense_mm(gbackend):
         ref.check(out, "grouped_mm")
 
 
+def test_fp4x2_and_uint8_views_agree(gbackend):
+    """a and b as torch.float4_e2m1fn_x2 (same bytes), scales as uint8: the same bits out."""
+    _, device = gbackend
+    inputs = make_grouped_inputs(GroupedCase(40, 32, 64, 4, alpha=True), device, seed=9)
+    args, kwargs = op_args(inputs)
+    want = nvfp4_gemm.grouped_mm(*args, **kwargs)
+    a, b, sfa, sfb, offs = args
+    got = nvfp4_gemm.grouped_mm(a.view(torch.float4_e2m1fn_x2), b.view(torch.float4_e2m1fn_x2),
+                                sfa.view(torch.uint8), sfb.view(torch.uint8), offs, **kwargs)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_opcheck(gbackend):
     _, device = gbackend
     for case in (GroupedCase(19, 16, 64, 3, alpha=True), GroupedCase(7, 8, 32, 2, a_dtype=torch.float16)):
@@ -160,6 +172,15 @@ def test_torch_compile_fullgraph(gbackend):
     c, d = f(inputs["a"], inputs["b"], inputs["sfa"], inputs["sfb"], inputs["offs"], inputs["alpha"])
     grouped_reference(inputs).check(c, case.id)
     assert torch.equal(d, c * 2.0)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def g(a, b, sfa, sfb, offs, alpha, out):
+        nvfp4_gemm.grouped_mm(a, b, sfa, sfb, offs, alpha=alpha, out=out)
+        return out + 1.0
+
+    out = torch.full_like(c, float("nan"))
+    e = g(inputs["a"], inputs["b"], inputs["sfa"], inputs["sfb"], inputs["offs"], inputs["alpha"], out)
+    assert torch.equal(out, c) and torch.equal(e, c + 1.0)  # the mutation reaches the caller's tensor
 
 
 def test_torch_compile_quantize_then_gemm(gbackend):
