@@ -144,7 +144,7 @@ class NVFP4Experts(nn.Module):
         self.register_buffer("down_proj_input_scale",
                              torch.ones(e, dtype=torch.float32, device=device) if static_input_scale else None)
         self._plan: dict | None = None
-        self.register_load_state_dict_post_hook(lambda mod, _keys: mod.refresh())
+        self.register_load_state_dict_post_hook(_refresh_after_load)
 
     # -- the host-side plan: which recipe each GEMM runs (read from the scales once, never in forward)
 
@@ -285,6 +285,11 @@ class NVFP4Experts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _refresh_after_load(module: "NVFP4Experts", incompatible_keys) -> None:
+    # (a module-level function, not a lambda: the hook is pickled with the module by torch.save)
+    module.refresh()
 
 
 def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:

@@ -239,6 +239,14 @@ def test_state_dict_round_trip_and_mode_from_the_state():
     idx, w = _routing(5, "random", 0)
     with torch.no_grad():
         assert torch.equal(fresh(x, idx, w), q(x, idx, w))
+    # the whole module pickles (torch.save) and comes back the same
+    import io
+
+    buf = io.BytesIO()
+    torch.save(q, buf)
+    buf.seek(0)
+    with torch.no_grad():
+        assert torch.equal(torch.load(buf, weights_only=False)(x, idx, w), q(x, idx, w))
     # casts keep the formats
     h = copy.deepcopy(q).half()
     assert h.gate_up_proj.dtype == torch.uint8 and h.gate_up_proj_weight_scale_2.dtype == torch.float32
