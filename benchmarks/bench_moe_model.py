@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import glob
 import json
 import os
 import sys
@@ -35,11 +36,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    import nvfp4_gemm
-except ImportError:  # an in-place build run from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import nvfp4_gemm
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if glob.glob(os.path.join(_ROOT, "nvfp4_gemm", "_C*.so")):  # the checkout this script is in, built in place,
+    sys.path.insert(0, _ROOT)                                # before any installed copy (which may lack moe)
+import nvfp4_gemm  # noqa: E402
 
 from _timing import Timer, md_table, parse_choices, run_meta  # noqa: E402
 from bench_generate import Clock, decode_step, model_bytes, parse_ints, prefill, token_ids  # noqa: E402
@@ -131,6 +131,11 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
         rec[f"step_ms_b{b}"] = step["ms"]
         if "compile_and_capture_s" in step:
             rec[f"compile_and_capture_s_b{b}"] = step["compile_and_capture_s"]
+        if "profile" in step:  # one eager step under torch.profiler: GPU time per kernel class
+            rec["profile"] = step["profile"]
+            cls = step["profile"]["classes"]
+            print(f"    {variant} batch {b} profile (eager, {step['profile']['kernels']} kernels): " +
+                  ", ".join(f"{c} {v['ms']:.2f} ms / {v['count']}" for c, v in cls.items()), flush=True)
         rec[f"finite_b{b}"] = bool(torch.isfinite(logits).all())
         ref = baseline.get(b)
         if ref is not None and ref.shape == logits.shape:
@@ -210,9 +215,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=None, help="prefill tokens, 0 to skip (2048)")
     ap.add_argument("--replays", type=int, default=None, help="graph replays per step time (20)")
     ap.add_argument("--compile", choices=("inductor", "none"), default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one eager step at the smallest batch (bench_generate's kernel classes)")
     ap.add_argument("--json", default=None, help="write every figure here (rewritten after each variant)")
     args = ap.parse_args(argv)
-    args.profile = False  # (bench_generate.decode_step reads it)
     args.generate_tokens = 0
 
     smoke = args.smoke
