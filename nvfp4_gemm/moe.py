@@ -511,19 +511,6 @@ def _calibrate_experts(model: nn.Module, names: list[str], calibrate, hessians: 
     return stats
 
 
-def experts_modules(model: nn.Module) -> list[str]:
-    """Qualified names of the float experts modules of `model`; raises for experts of unsupported families."""
-    names = []
-    for name, mod in model.named_modules():
-        if looks_like_experts(mod):
-            why = unsupported_reason(mod)
-            if why:
-                raise NotImplementedError(f"quantize_model: '{name}': {why}; pass a filter that leaves it out "
-                                          f"(quantize_experts=False keeps every experts module in float)")
-            names.append(name)
-    return names
-
-
 def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_only: bool = False,
                      method: str = "rtn", share_gate_up: bool = True, progress: bool = False) -> list[str]:
     """Replaces, in place, every transformers experts module of `model` (that filter(name, module) accepts)
@@ -531,7 +518,7 @@ def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_on
     largest finite |input| each expert saw; mse weighs columns by the inputs' mean squares; gptq needs it (one
     calibrate pass per experts module, its Hessians only: sequential, as quantize_model's dense GPTQ).
     Returns the names replaced."""
-    names = [n for n in experts_modules(model) if filter is None or filter(n, model.get_submodule(n))]
+    names = experts_to_quantize(model, filter)
     if method == "gptq" and calibrate is None:
         raise ValueError("quantize_experts: method='gptq' needs calibrate")
     want_static = calibrate is not None and not weight_only
@@ -619,8 +606,7 @@ def experts_to_quantize(model: nn.Module, filter) -> list[str]:
         if looks_like_experts(mod) and (filter is None or filter(name, mod)):
             why = unsupported_reason(mod)
             if why:
-                raise NotImplementedError(f"quantize_model: '{name}': {why}; leave it out with filter= to keep it "
-                                          f"in float")
+                raise NotImplementedError(f"'{name}': {why}; leave it out with filter= to keep it in float")
             names.append(name)
     return names
 

@@ -253,7 +253,7 @@ def test_state_dict_round_trip_and_mode_from_the_state():
 
 
 def test_unsupported_family_is_refused_with_the_reason():
-    model = tiny("qwen3_moe", layers=1)
+    model = tiny("qwen3_moe", layers=2)
     experts = model.model.layers[0].mlp.experts
 
     class OtherExperts(torch.nn.Module):  # a 3-D experts module of a family nobody checked
@@ -271,6 +271,7 @@ def test_unsupported_family_is_refused_with_the_reason():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # refused before any change
     nvfp4_gemm.quantize_model(model, filter=lambda n, m: "layers.0.mlp.experts" not in n, progress=False)
     assert isinstance(model.model.layers[0].mlp.experts, OtherExperts)
+    assert isinstance(model.model.layers[1].mlp.experts, moe.NVFP4Experts)
 
 
 def test_calibrated_static_and_gptq_experts():
