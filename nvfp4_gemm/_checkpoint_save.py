@@ -100,7 +100,7 @@ def save_pretrained(
     """
     if format not in FORMATS:
         raise ValueError(f"save_pretrained: format must be one of {FORMATS}, got {format!r}")
-    if any(isinstance(m, _moe_checkpoint.NVFP4Experts) for m in model.modules()):
+    if _moe_checkpoint.has_experts(model):
         # experts are written per expert, as every MoE checkpoint names them; the model is restored after
         with _moe_checkpoint.per_expert_view(model):
             return save_pretrained(model, path, format, tokenizer=tokenizer, max_shard_size=max_shard_size,

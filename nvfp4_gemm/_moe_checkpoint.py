@@ -223,6 +223,22 @@ class _PartView(NVFP4Linear):
         self.register_buffer("bias", None)
 
 
+def _float_part(experts: nn.Module, e: int, part: str) -> nn.Linear:
+    """An nn.Linear whose weight is a view of one part of a float experts module (for writing only)."""
+    i = experts.gate_up_proj.shape[1] // 2
+    w = experts.down_proj[e] if part == "down" else experts.gate_up_proj[e, (0 if part == "gate" else i):][:i]
+    with torch.device("meta"):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight = nn.Parameter(w.detach(), requires_grad=False)
+    return lin
+
+
+def has_experts(model: nn.Module) -> bool:
+    """Whether save_pretrained must show experts per expert (per_expert_view)."""
+    return any(isinstance(m, NVFP4Experts) or (looks_like_experts(m) and unsupported_reason(m) is None)
+               for m in model.modules())
+
+
 def _naming_for_save(layer: nn.Module, block_attr: str) -> tuple[str, str, str, str]:
     from .moe import family_of
 
@@ -233,13 +249,15 @@ def _naming_for_save(layer: nn.Module, block_attr: str) -> tuple[str, str, str, 
 
 @contextlib.contextmanager
 def per_expert_view(model: nn.Module):
-    """For the duration of a save: every NVFP4Experts shown as per-expert NVFP4Linear layers under the names
-    checkpoints use (module docstring); the model is restored on exit, whatever happens."""
+    """For the duration of a save: every NVFP4Experts shown as per-expert NVFP4Linear layers, and every float
+    experts module (left out of quantization) as per-expert nn.Linear layers, under the names checkpoints use
+    (module docstring; the weights are views, nothing is copied but the per-part block scales); the model is
+    restored on exit, whatever happens."""
     swaps = []   # (block, experts module)
     renamed = []  # (layer, disk attr, model attr)
     try:
         for name, mod in list(model.named_modules()):
-            if not isinstance(mod, NVFP4Experts):
+            if not (isinstance(mod, NVFP4Experts) or (looks_like_experts(mod) and unsupported_reason(mod) is None)):
                 continue
             block_name, _, attr = name.rpartition(".")
             if attr != "experts" or not block_name:
@@ -250,10 +268,11 @@ def per_expert_view(model: nn.Module):
             disk_attr, *names = _naming_for_save(layer, block_attr)
             with torch.device("meta"):
                 staged = _StagedExperts(mod, tuple(names), [])
-            for e in range(mod.num_experts):
+            for e in range(mod.gate_up_proj.shape[0]):
                 trio = nn.Module()
                 for n, part in zip(names, ("gate", "up", "down")):
-                    setattr(trio, n, _PartView(mod, e, part))
+                    setattr(trio, n, _PartView(mod, e, part) if isinstance(mod, NVFP4Experts) else
+                            _float_part(mod, e, part))
                 staged.append(trio)
             block.experts = staged
             swaps.append((block, mod))

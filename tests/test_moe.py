@@ -419,3 +419,26 @@ def test_cuda_experts_match_the_cpu_and_replay_in_a_graph_with_new_routing(mode)
             torch.cuda.synchronize()
             eager = gq(x2.cuda(), idx2.cuda(), w2.cuda())
             assert torch.equal(out, eager), kind
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_float_experts_are_saved_per_expert_and_load_back(tmp_path, fmt):
+    from safetensors import safe_open
+
+    from nvfp4_gemm.checkpoint import from_pretrained, save_pretrained
+
+    model = tiny("qwen3_moe")
+    nvfp4_gemm.quantize_model(model, filter=lambda n, m: n != "lm_head" and not n.endswith(".experts"),
+                              weight_only=True, progress=False)
+    assert not any(isinstance(m, moe.NVFP4Experts) for m in model.modules())
+    save_pretrained(model, tmp_path / "ckpt", format=fmt, progress=False)
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        w = f.get_tensor("model.layers.1.mlp.experts.3.up_proj.weight")
+    assert torch.equal(w, model.model.layers[1].mlp.experts.gate_up_proj[3, I:])  # per expert, as transformers saves
+    assert "model.layers.1.mlp.experts.gate_up_proj" not in keys
+    back = from_pretrained(str(tmp_path / "ckpt"), progress=False)
+    assert type(back.model.layers[1].mlp.experts) is type(model.model.layers[1].mlp.experts)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
