@@ -35,6 +35,7 @@ from .formats import to_blocked
 from .fused import fuse_projections
 from .nn import NVFP4Linear
 
+
 def _decode_scale(t: torch.Tensor, entry: TensorEntry, fmt_name: str) -> torch.Tensor:
     """A per-tensor scale as the layer keeps it (a DECODE scale; compressed-tensors stores its reciprocal),
     checked after the conversion: a tiny encode scale has a reciprocal that overflows."""

@@ -23,6 +23,7 @@ from ._checkpoint_io import CheckpointError, TensorEntry, UnsupportedFormatError
 from ._groups import group_key
 from .nn import NVFP4Linear, shape_supported
 
+
 @dataclass
 class LayerPlan:
     name: str
@@ -102,8 +103,8 @@ def plan_layers(model: nn.Module, fmt: QuantFormat | None, weight_only: bool | N
         stray = sorted(fmt.dynamic_layers - {n for n, p in layers.items() if p.ckpt_mode == "weight_only"})
         if stray:
             raise CheckpointError(f"{os.path.join(os.path.dirname(fmt.source), 'config.json')}: "
-                                  f"{OWN_CONFIG_KEY}.{DYNAMIC_KEY} names {len(stray)} layer(s) (e.g. '{stray[0]}') that "
-                                  f"the checkpoint does not quantize weight-only")
+                                  f"{OWN_CONFIG_KEY}.{DYNAMIC_KEY} names {len(stray)} layer(s) (e.g. '{stray[0]}') "
+                                  f"that the checkpoint does not quantize weight-only")
     return layers
 
 
