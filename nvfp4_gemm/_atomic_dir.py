@@ -12,6 +12,7 @@ import shutil
 import sys
 import threading
 
+
 def new_sibling(target: str, what: str) -> str:
     """A new, empty directory beside target, named for this call alone (pid, thread, random), with the
     permissions a plain mkdir gives (the umask's), so that the swapped-in checkpoint has them too."""
@@ -104,5 +105,3 @@ def link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-

@@ -24,6 +24,10 @@ compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM
     "dynamic": true is per-block e4m3 scales computed per call with NO global scale (compressed-tensors
     registers no input_global_scale then): our mode "dynamic_block", quantize(x, None).
   * llm-compressor also makes q/k/v and gate/up share the global scales.
+nvfp4_gemm's own addition, in either format: config.json "nvfp4_gemm": {"dynamic_w4a4_layers": [names]} lists
+layers stored as weight-only that ran dynamic W4A4 (a per-call per-tensor input scale, which neither format
+can say; their tensors are a weight-only layer's). save_pretrained(format=None) writes it; from_pretrained
+runs those layers as dynamic W4A4 again unless told weight_only=True; other readers ignore it.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ MODES = ("static", "dynamic", "dynamic_block", "weight_only")
 # ModelOpt quant_algo -> the mode of its layers
 MODELOPT_ALGOS = {"NVFP4": "static", "W4A16_NVFP4": "weight_only"}
 HF_QUANT_CONFIG = "hf_quant_config.json"
+OWN_CONFIG_KEY, DYNAMIC_KEY = "nvfp4_gemm", "dynamic_w4a4_layers"
 CT_FORMAT = "nvfp4-pack-quantized"
 
 # The per-format tensor naming table: our role -> the checkpoint's suffix (NVFP4Linear's own buffer names are
@@ -117,6 +122,7 @@ class QuantFormat:
     quantized_layers: dict[str, str] | None = None  # modelopt MIXED_PRECISION: layer -> its mode
     algo_mode: str = "static"                   # modelopt: the mode quant_algo gives every quantized layer
     kv_cache: bool = False                      # k_scale / v_scale tensors may be present (ignored)
+    dynamic_layers: frozenset[str] = frozenset()  # weight-only layers that ran dynamic W4A4 (OWN_CONFIG_KEY)
 
     def names(self) -> dict[str, str]:
         return ROLE_NAMES[self.name]
@@ -264,6 +270,24 @@ def _compressed_tensors(qcfg: dict, source: str) -> QuantFormat:
 def detect(directory: str, config_dict: dict) -> QuantFormat | None:
     """The checkpoint's quantization format from config.json's quantization_config or hf_quant_config.json;
     None for an unquantized checkpoint."""
+    fmt = _detect(directory, config_dict)
+    if fmt is not None:
+        fmt.dynamic_layers = _dynamic_layers(config_dict, os.path.join(directory, "config.json"))
+    return fmt
+
+
+def _dynamic_layers(config_dict: dict, source: str) -> frozenset[str]:
+    own = config_dict.get(OWN_CONFIG_KEY)
+    if own is None:
+        return frozenset()
+    names = own.get(DYNAMIC_KEY, []) if isinstance(own, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{source}: {OWN_CONFIG_KEY} must be an object whose {DYNAMIC_KEY} is a list of layer "
+                              f"names, got {own!r:.80}")
+    return frozenset(names)
+
+
+def _detect(directory: str, config_dict: dict) -> QuantFormat | None:
     config_path = os.path.join(directory, "config.json")
     hf_path = os.path.join(directory, HF_QUANT_CONFIG)
     qcfg = config_dict.get("quantization_config")

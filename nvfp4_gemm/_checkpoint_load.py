@@ -37,6 +37,7 @@ from .fused import fuse_projections
 from .moe import calibrate_static as _moe_calibrate
 from .nn import NVFP4Linear
 
+
 def _decode_scale(t: torch.Tensor, entry: TensorEntry, fmt_name: str) -> torch.Tensor:
     """A per-tensor scale as the layer keeps it (a DECODE scale; compressed-tensors stores its reciprocal),
     checked after the conversion: a tiny encode scale has a reciprocal that overflows."""
@@ -128,7 +129,8 @@ def from_pretrained(
     config's dtype, else float32.
     weight_only: None runs each layer as the checkpoint says (static input scales -> static W4A4;
     compressed-tensors dynamic=true -> per-block dynamic W4A4 without a global scale, its numerics;
-    ModelOpt W4A16_NVFP4 or no input quantization configured -> weight-only W4A16); True makes every layer
+    ModelOpt W4A16_NVFP4 or no input quantization configured -> weight-only W4A16, except the layers
+    save_pretrained listed as dynamic W4A4 under config.json's "nvfp4_gemm" key); True makes every layer
     weight-only (input scales are checked if present, then dropped, and need not be there); False makes
     configured weight-only layers dynamic W4A4 (per-tensor scale).
     quantize=True reads an unquantized checkpoint and quantizes each Linear as it streams in (the
@@ -171,7 +173,12 @@ def from_pretrained(
         raise CheckpointError(f"{config_path}: transformers cannot read it ({type(e).__name__}: {e})") from e
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")  # ours to apply; transformers must not bring its own quantizer
-    dtype = torch_dtype or getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    dtype = torch_dtype or getattr(config, "dtype", None)
+    if not dtype and not isinstance(getattr(type(config), "torch_dtype", None), property):
+        # transformers before 4.56 names it torch_dtype; later ones read it into dtype, and reading their
+        # torch_dtype property prints a deprecation warning at the user
+        dtype = getattr(config, "torch_dtype", None)
+    dtype = dtype or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -18,18 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._checkpoint_formats import QUANT_SUFFIXES, QuantFormat
+from ._checkpoint_formats import DYNAMIC_KEY, OWN_CONFIG_KEY, QUANT_SUFFIXES, QuantFormat
 from ._checkpoint_io import CheckpointError, TensorEntry, UnsupportedFormatError
 from ._groups import group_key
 from .nn import NVFP4Linear, shape_supported
-
-def layer_mode(layer: NVFP4Linear) -> str:
-    """The mode a built layer runs: weight_only, static, dynamic_block or dynamic (_checkpoint_formats.MODES)."""
-    if layer.weight_only:
-        return "weight_only"
-    if layer.input_scale is not None:
-        return "static"
-    return "dynamic_block" if layer.block_scales_only else "dynamic"
 
 
 @dataclass
@@ -93,7 +85,7 @@ def plan_layers(model: nn.Module, fmt: QuantFormat | None, weight_only: bool | N
                                              f"the input embedding (tie_word_embeddings); it cannot be NVFP4")
             if weight_only:
                 mode = "weight_only"
-            elif weight_only is False and ckpt_mode == "weight_only":
+            elif ckpt_mode == "weight_only" and (weight_only is False or name in fmt.dynamic_layers):
                 mode = "dynamic"
             else:
                 mode = ckpt_mode
@@ -107,6 +99,12 @@ def plan_layers(model: nn.Module, fmt: QuantFormat | None, weight_only: bool | N
                 continue
             ckpt_mode, mode = None, ("weight_only" if weight_only else "dynamic")
         layers[name] = LayerPlan(name, mod.in_features, mod.out_features, mod.bias is not None, ckpt_mode, mode)
+    if fmt is not None:
+        stray = sorted(fmt.dynamic_layers - {n for n, p in layers.items() if p.ckpt_mode == "weight_only"})
+        if stray:
+            raise CheckpointError(f"{os.path.join(os.path.dirname(fmt.source), 'config.json')}: "
+                                  f"{OWN_CONFIG_KEY}.{DYNAMIC_KEY} names {len(stray)} layer(s) (e.g. '{stray[0]}') "
+                                  f"that the checkpoint does not quantize weight-only")
     return layers
 
 

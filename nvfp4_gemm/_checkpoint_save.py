@@ -5,10 +5,12 @@ conventions, checked first so that a saved checkpoint always loads, and swapped 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import stat
+import sys
 import warnings
 from collections import defaultdict
 
@@ -17,15 +19,16 @@ from torch import nn
 
 from . import _moe_checkpoint
 from ._atomic_dir import fsync_tree, link_or_copy, new_sibling, swap_in
-from ._checkpoint_formats import CT_FORMAT, HF_QUANT_CONFIG, ROLE_NAMES
+from ._checkpoint_formats import CT_FORMAT, DYNAMIC_KEY, HF_QUANT_CONFIG, OWN_CONFIG_KEY, ROLE_NAMES
 from ._checkpoint_io import INDEX_FILE, ShardWriter, parse_size
-from ._checkpoint_plan import layer_mode
 from ._groups import group_key
 from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import from_blocked
 from .nn import NVFP4Linear
 
 FORMATS = ("modelopt", "compressed-tensors")
+
+log = logging.getLogger(__name__)
 
 
 def _encode_of(decode: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,7 @@ def _quant_config_groups(modes: dict[str, str], fmt: str) -> dict:
 def save_pretrained(
     model: nn.Module,
     path: str | os.PathLike,
-    format: str = "modelopt",
+    format: str | None = None,
     *,
     tokenizer=None,
     max_shard_size: int | str = "5GB",
@@ -82,6 +85,18 @@ def save_pretrained(
     in one of the public NVFP4 formats: config.json with its quantization_config (and, for "modelopt",
     hf_quant_config.json), model.safetensors or shards of at most max_shard_size + model.safetensors.index.json,
     generation_config.json, and the tokenizer's files when given. from_pretrained loads it back bit for bit.
+
+    format=None (the default) picks the format that holds the model, and says which (a line on stderr with
+    progress=True, and the logger nvfp4_gemm._checkpoint_save): "modelopt" when every layer is static W4A4
+    or weight-only (ModelOpt's NVFP4 / W4A16_NVFP4); otherwise "compressed-tensors", the one format that
+    says per-block dynamic layers. Per-tensor dynamic W4A4 layers (quantize_model's default) have no
+    setting in either format; their tensors are those of a weight-only layer, so they are stored as
+    weight-only (NVFP4A16: what vLLM and transformers + compressed-tensors run as W4A16) and listed under
+    config.json's "nvfp4_gemm" key, so that from_pretrained runs them as dynamic W4A4 again, bit for bit
+    (weight_only=True there runs them weight-only). compressed-tensors rather than ModelOpt for these:
+    transformers reads a compressed-tensors weight-only checkpoint natively, while compressed-tensors'
+    ModelOpt converter turns a W4A16_NVFP4 one into a W4A4 config without input scales (NaN logits;
+    docs/CHECKPOINTS.md).
 
     format="modelopt": ModelOpt's names and decode scales (weight_scale_2, input_scale as float32 scalars),
     linear e4m3 weight_scale; quant_algo NVFP4 (static W4A4), W4A16_NVFP4 (weight-only) or MIXED_PRECISION,
@@ -98,8 +113,9 @@ def save_pretrained(
     directory beside `path` and swapped in whole; on any error `path` is left as it was. Files of an
     existing `path` that are not checkpoint files (a README, ...) are kept.
     """
-    if format not in FORMATS:
-        raise ValueError(f"save_pretrained: format must be one of {FORMATS}, got {format!r}")
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"save_pretrained: format must be one of {FORMATS} or None (chosen from the model), "
+                         f"got {format!r}")
     if _moe_checkpoint.has_experts(model):
         # experts are written per expert, as every MoE checkpoint names them; the model is restored after
         with _moe_checkpoint.per_expert_view(model):
@@ -115,8 +131,12 @@ def save_pretrained(
     if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
         raise ValueError(f"save_pretrained: tokenizer must have a save_pretrained method, got "
                          f"{type(tokenizer).__name__}")
+    modes = {n: m.mode for n, m in layers.items()}
+    dynamic: list[str] = []  # per-tensor dynamic layers stored as weight-only (format=None only)
+    if format is None:
+        format, dynamic = _default_format(modes, progress)
+        modes.update({n: "weight_only" for n in dynamic})
     _check_saved_values(layers, format)
-    modes = {n: layer_mode(m) for n, m in layers.items()}
     _refuse_unencodable(modes, format)
     _warn_unshared_scales(layers)
 
@@ -133,7 +153,7 @@ def save_pretrained(
     os.makedirs(os.path.dirname(target), exist_ok=True)
     staging = new_sibling(target, "save")
     try:
-        _write_checkpoint(model, staging, format, layers, modes, config, tokenizer, max_bytes, progress)
+        _write_checkpoint(model, staging, format, layers, modes, dynamic, config, tokenizer, max_bytes, progress)
         _carry_over(target, staging)
         fsync_tree(staging)
         swap_in(staging, target)
@@ -143,7 +163,8 @@ def save_pretrained(
 
 
 def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dict[str, NVFP4Linear],
-                      modes: dict[str, str], config, tokenizer, max_bytes: int, progress: bool) -> None:
+                      modes: dict[str, str], dynamic: list[str], config, tokenizer, max_bytes: int,
+                      progress: bool) -> None:
     from tqdm.auto import tqdm
 
     excluded = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
@@ -199,6 +220,9 @@ def _write_checkpoint(model: nn.Module, directory: str, format: str, layers: dic
     producer = {"name": "nvfp4_gemm", "version": _package_version()}
     cfg = config.to_dict()
     cfg.pop("quantization_config", None)
+    cfg.pop(OWN_CONFIG_KEY, None)  # (a model loaded from our checkpoint carries the key it was loaded with)
+    if dynamic:
+        cfg[OWN_CONFIG_KEY] = {DYNAMIC_KEY: sorted(dynamic)}
     cfg.setdefault("architectures", [type(model).__name__])
     groups = _quant_config_groups(modes, format)
     if format == "modelopt":
@@ -235,7 +259,7 @@ def _check_saved_values(layers: dict[str, NVFP4Linear], format: str) -> None:
     anything is: a saved checkpoint always loads."""
     for name, m in layers.items():
         scales = [("weight_scale_2", m.weight_scale_2)]
-        if m.input_scale is not None and layer_mode(m) == "static":
+        if m.input_scale is not None and m.mode == "static":
             scales.append(("input_scale", m.input_scale))
         for attr, t in scales:
             why = decode_scale_problem(t)
@@ -273,6 +297,28 @@ def _carry_over(target: str, staging: str) -> None:
 MODELOPT_ALGO_OF_MODE = {"static": "NVFP4", "weight_only": "W4A16_NVFP4"}
 
 
+def _default_format(modes: dict[str, str], progress: bool) -> tuple[str, list[str]]:
+    """save_pretrained(format=None): the format that holds these layers, and the per-tensor dynamic layers to
+    store as weight-only (see save_pretrained). Says which, and why."""
+    kinds = set(modes.values())
+    dynamic = sorted(n for n, m in modes.items() if m == "dynamic")
+    if kinds <= set(MODELOPT_ALGO_OF_MODE):
+        fmt, why = "modelopt", "every layer is static W4A4 or weight-only"
+    elif "dynamic_block" in kinds:
+        fmt, why = "compressed-tensors", "per-block dynamic layers: only compressed-tensors says them"
+    else:
+        fmt, why = "compressed-tensors", "weight-only tensors that transformers and vLLM read as they are"
+    if dynamic:
+        why += (f"; {len(dynamic)} dynamic W4A4 layer(s) (e.g. '{dynamic[0]}'), which no NVFP4 format can say "
+                f"(per-call per-tensor input scales), are stored as weight-only and marked so that from_pretrained "
+                f"runs them as dynamic W4A4 again (other readers run them weight-only)")
+    msg = f"save_pretrained: format='{fmt}' ({why})"
+    log.info(msg)
+    if progress:
+        print(msg, file=sys.stderr)
+    return fmt, dynamic
+
+
 def _refuse_unencodable(modes: dict[str, str], format: str) -> None:
     """Raises, before anything is written, for layers whose activation numerics the format cannot say."""
     if format == "modelopt":
@@ -283,7 +329,8 @@ def _refuse_unencodable(modes: dict[str, str], format: str) -> None:
                 f"dynamic input scales, but ModelOpt NVFP4 requires static input scales (input_scale; its readers, "
                 f"vLLM 'modelopt_fp4' and TensorRT-LLM, need them) and W4A16_NVFP4 quantizes no input. Calibrate "
                 f"them (quantize_model(..., calibrate=) / from_pretrained(..., calibrate=)), make them weight-only, "
-                f"or save per-block dynamic layers as format='compressed-tensors'")
+                f"or save per-block dynamic layers as format='compressed-tensors' (the default, format=None, "
+                f"stores dynamic layers as weight-only and marks them)")
     else:
         bad = [n for n, m in modes.items() if m == "dynamic"]
         if bad:
@@ -292,7 +339,8 @@ def _refuse_unencodable(modes: dict[str, str], format: str) -> None:
                 f"per-tensor input scale (dynamic W4A4), which compressed-tensors cannot say: its "
                 f"input_activations.dynamic=true means per-block scales with no global scale (different numerics), "
                 f"and 'local' needs a static input_global_scale. Calibrate them (static), make them weight-only, or "
-                f"set layer.block_scales_only = True for compressed-tensors' per-block dynamic numerics")
+                f"set layer.block_scales_only = True for compressed-tensors' per-block dynamic numerics (the "
+                f"default, format=None, stores dynamic layers as weight-only and marks them)")
 
 
 def _package_version() -> str:

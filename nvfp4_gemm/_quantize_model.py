@@ -277,4 +277,3 @@ class _InFeatures:
 
     def __init__(self, in_features: int) -> None:
         self.in_features = in_features
-

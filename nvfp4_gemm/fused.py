@@ -93,8 +93,9 @@ _FAMILY_MODULE = re.compile(r"transformers\.models\.(%s)\.modeling_" % "|".join(
 _ROW_BLOCK = 128
 _VIEWS = ("weight", "weight_scale", "bias")
 _SCALARS = ("weight_scale_2", "input_scale")
-# Bias dtypes the add reads as they are; others are rounded to float32 first (csrc/bindings/linear.cpp's
-# finish_linear, which the unfused parts run).
+# Bias dtypes the add reads as they are; others are rounded to float32 first: the rule of the op's epilogue
+# (csrc/bindings/linear.cpp, finish_linear), which no op exposes on its own; tests/test_fused.py holds
+# linear_parts to the op bit for bit for every bias dtype.
 _BIAS_AS_IS = (torch.float32, torch.float16, torch.bfloat16)
 _INPUT_SCALES_OP = torch.ops.nvfp4_gemm._input_scales.default
 _QUANTIZE_OP = torch.ops.nvfp4_gemm.quantize.default

@@ -108,6 +108,16 @@ class NVFP4Linear(nn.Module):
     def static_input_scale(self) -> bool:
         return self.input_scale is not None
 
+    @property
+    def mode(self) -> str:
+        """How the layer treats its input: "weight_only", "static", "dynamic_block" or "dynamic" (module
+        docstring)."""
+        if self.weight_only:
+            return "weight_only"
+        if self.input_scale is not None:
+            return "static"
+        return "dynamic_block" if self.block_scales_only else "dynamic"
+
     def set_input_amax(self, amax: torch.Tensor | float | None) -> None:
         """Switch to a static input scale from a calibrated amax (decode scale amax / 2688), or back to dynamic
         scaling with None."""
@@ -293,7 +303,5 @@ class NVFP4Linear(nn.Module):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        mode = "weight_only" if self.weight_only else "static" if self.input_scale is not None else \
-            "dynamic_block" if self.block_scales_only else "dynamic"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"mode={mode}")
+                f"mode={self.mode}")
