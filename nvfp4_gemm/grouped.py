@@ -139,40 +139,29 @@ def quantize_grouped(
     scale (ModelOpt's per-expert input_scale; the encode scale is its reciprocal); None: dynamic, each group's
     scale from the finite amax of its own rows (global_encode_scale). The bits are those of
     `nvfp4_gemm.quantize(x[rows of g], encode_g)` for every group (the same recipe, csrc/quant/recipe.h), placed
-    as `to_blocked_grouped` places them. Group g's GEMM alpha is alpha_a[g] * weight_scale_2[g]. No host sync.
+    as `to_blocked_grouped` places them. Group g's GEMM alpha is alpha_a[g] * weight_scale_2[g]. One native call,
+    no host sync: on CUDA a routing prologue, the per-group amax (dynamic only) and one pass that writes the packed
+    rows and every byte of sfa. Offsets follow grouped_mm's CUDA rules (clamped, a decrease is an empty group);
+    rows whose scales would lie past sfa_rows are not quantized (their GEMM rows then come out NaN on CUDA).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_grouped: x must be 2-D [T, K], got shape {tuple(x.shape)}")
-    if offs.dim() != 1 or offs.numel() < 1 or offs.dtype != torch.int32:
-        raise ValueError(f"quantize_grouped: offs must be 1-D int32 [G] cumulative row ends, got {offs.dtype} of "
-                         f"shape {tuple(offs.shape)}")
-    if offs.device != x.device:
-        raise ValueError(f"quantize_grouped: offs must be on x's device ({x.device}), got {offs.device}")
+    g = offs.numel() if isinstance(offs, torch.Tensor) else 0
+    if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or g < 1 or offs.dtype != torch.int32:
+        raise ValueError(f"quantize_grouped: offs must be 1-D int32 [G] cumulative row ends, got "
+                         f"{getattr(offs, 'dtype', type(offs).__name__)} of shape {tuple(getattr(offs, 'shape', ()))}")
     t = x.shape[0]
-    g = offs.numel()
-    _, _, row_group = _routing(offs, t)
-    row_group = row_group.to(torch.int32)
-    if input_scale is None:
-        dynamic = True
-        ax = x.detach().abs()
-        ax = torch.where(torch.isfinite(ax), ax, torch.zeros_like(ax))
-        row_amax = ax.amax(dim=1).to(torch.float32) if t > 0 else ax.new_zeros((0,), dtype=torch.float32)
-        scale = torch.zeros(g, dtype=torch.float32, device=x.device).scatter_reduce(
-            0, row_group.to(torch.int64), row_amax, "amax", include_self=True)
-    else:
-        dynamic = False
+    rows = grouped_sfa_rows(t, g) if sfa_rows is None else int(sfa_rows)
+    scale = None
+    if input_scale is not None:
         if not isinstance(input_scale, torch.Tensor):
             raise ValueError(f"quantize_grouped: input_scale must be a float32 tensor [G] on x's device or None, got "
                              f"{type(input_scale).__name__}")
         if input_scale.dtype != torch.float32 or input_scale.numel() not in (1, g):
             raise ValueError(f"quantize_grouped: input_scale must be float32 with G = {g} values (or one for every "
                              f"group), got {input_scale.dtype} of shape {tuple(input_scale.shape)}")
-        if input_scale.device != x.device:
-            raise ValueError(f"quantize_grouped: input_scale must be on x's device ({x.device}), got "
-                             f"{input_scale.device}")
         scale = input_scale.detach().reshape(-1).expand(g).contiguous()
-    packed, sf_linear, decode = torch.ops.nvfp4_gemm._quantize_grouped_rows.default(x, scale, row_group, dynamic)
-    return packed, to_blocked_grouped(sf_linear, offs, rows=sfa_rows), decode
+    return torch.ops.nvfp4_gemm._quantize_grouped.default(x, offs, scale, rows)
 
 
 # --- The reference ----------------------------------------------------------------------------------------
@@ -293,14 +282,19 @@ def _grouped_mm_out_fake(a, b, sfa, sfb, offs, alpha=None, out_dtype=None, *, ou
     torch._check(tuple(out.shape) == (t, n), lambda: f"{_OP}: out must have shape {(t, n)}, got {tuple(out.shape)}")
 
 
-@torch.library.register_fake("nvfp4_gemm::_quantize_grouped_rows")
-def _quantize_grouped_rows_fake(x, group_scale, row_group, dynamic):
-    torch._check(x.dim() == 2, lambda: f"nvfp4_gemm.quantize_grouped: x must be 2-D, got {x.dim()}-D")
-    torch._check(x.dtype in _ACT_DTYPES, lambda: f"nvfp4_gemm.quantize_grouped: x must be float, got {x.dtype}")
+@torch.library.register_fake("nvfp4_gemm::_quantize_grouped")
+def _quantize_grouped_fake(x, offs, input_scale, sfa_rows):
+    op = "nvfp4_gemm.quantize_grouped"
+    _check_devices(x, offs=offs, input_scale=input_scale)
+    torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D, got {x.dim()}-D")
+    torch._check(x.dtype in _ACT_DTYPES, lambda: f"{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
     t, k = x.shape
-    torch._check(k % SF_VEC == 0, lambda: f"nvfp4_gemm.quantize_grouped: K must be a multiple of 16, got {k}")
-    return (x.new_empty((t, k // 2), dtype=torch.uint8), x.new_empty((t, k // SF_VEC), dtype=torch.float8_e4m3fn),
-            x.new_empty((group_scale.numel(),), dtype=torch.float32))
+    torch._check(k % SF_VEC == 0, lambda: f"{op}: K must be a multiple of 16, got {k}")
+    torch._check(offs.dtype == torch.int32 and offs.dim() == 1, lambda: f"{op}: offs must be int32 [G]")
+    torch._check(sfa_rows % 128 == 0, lambda: f"{op}: sfa_rows must be a multiple of 128, got {sfa_rows}")
+    sp = round_up(k // SF_VEC, 4)
+    return (x.new_empty((t, k // 2), dtype=torch.uint8), x.new_empty((sfa_rows * sp,), dtype=torch.float8_e4m3fn),
+            x.new_empty((offs.shape[0],), dtype=torch.float32))
 
 
 def grouped_backends() -> list[str]:
@@ -309,5 +303,10 @@ def grouped_backends() -> list[str]:
     return list(torch.ops.nvfp4_gemm._grouped_backends())
 
 
+def grouped_configs() -> dict[str, list[str]]:
+    """Each grouped arch backend's kernel configs by name (what NVFP4_GEMM_CONFIG accepts for grouped_mm)."""
+    return {name: list(torch.ops.nvfp4_gemm._grouped_configs(name)) for name in grouped_backends()}
+
+
 __all__ = ["grouped_mm", "grouped_sfa_rows", "to_blocked_grouped", "quantize_grouped", "reference_grouped_mm",
-           "grouped_backends"]
+           "grouped_backends", "grouped_configs"]

@@ -149,6 +149,15 @@ def test_opcheck(gbackend):
         torch.library.opcheck(torch.ops.nvfp4_gemm.grouped_mm_out.default, args, {**kwargs, "out": out})
 
 
+def test_grouped_backends_listing():
+    from nvfp4_gemm.grouped import grouped_configs
+
+    configs = grouped_configs()
+    assert set(configs) == set(grouped_backends())
+    for name, names in configs.items():
+        assert names and all(isinstance(c, str) and c for c in names), (name, names)
+
+
 def test_schema():
     schema = str(torch.ops.nvfp4_gemm.grouped_mm.default._schema)
     assert schema.startswith("nvfp4_gemm::grouped_mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs"), schema
@@ -355,6 +364,28 @@ def test_quantize_grouped_errors():
         nvfp4_gemm.quantize_grouped(x, offs, torch.tensor([1.0, 0.0]))
     with pytest.raises(RuntimeError, match="must be float32, float16 or bfloat16"):
         nvfp4_gemm.quantize_grouped(x.to(torch.float64), offs)
+    with pytest.raises(RuntimeError, match=r"sfa_rows must be a multiple of 128 and at least round_up\(T,128\) = 128"):
+        nvfp4_gemm.quantize_grouped(x, offs, sfa_rows=100)
+    with pytest.raises(RuntimeError, match="x must be 2-D|must be 2-D"):
+        torch.ops.nvfp4_gemm._quantize_grouped(x.reshape(-1), offs, None, 128)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_quantize_grouped_capacity_too_small(device):
+    """sfa_rows below the routing's need: the scales that fit are those of the full layout, nothing past the buffer;
+    empty groups and an amax-free (all-zero) group get decode scale 1."""
+    t, k = 100, 64
+    x = _x(t, k, torch.bfloat16, 13)
+    x[90:] = 0.0  # group 3 all zeros: dynamic scale 1
+    counts = [60, 0, 30, 10]
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    full = nvfp4_gemm.quantize_grouped(x.to(device), offs.to(device))
+    small = nvfp4_gemm.quantize_grouped(x.to(device), offs.to(device), sfa_rows=128)
+    assert small[1].numel() == 128 * 4
+    assert torch.equal(small[1].view(torch.uint8).cpu(), full[1].view(torch.uint8).cpu()[:128 * 4])
+    assert torch.equal(small[0][:60].cpu(), full[0][:60].cpu())  # group 0's rows fit
+    assert torch.equal(small[2].cpu(), full[2].cpu())
+    assert float(full[2][1]) == 1.0 and float(full[2][3]) == 1.0
 
 
 # --- Errors: every bad argument, named, expected vs actual, nothing written --------------------------------------
@@ -429,6 +460,25 @@ def test_error_device_mismatch(gbackend):
             nvfp4_gemm.grouped_mm(bad["a"], bad["b"], bad["sfa"], bad["sfb"], bad["offs"], alpha=bad["alpha"])
 
 
+def test_gpu_layout_errors(gbackend):
+    """What only the GPU kernels need: 16-byte aligned bases and rows, K-major operands; refused by name."""
+    name, device = gbackend
+    if name == "cpu":
+        pytest.skip("the CPU backend reads any strides")
+    g = {k: v.to(device) for k, v in _good("cpu").items()}
+    a_big = torch.zeros((20, 48), dtype=torch.uint8, device=device)
+    a_big[:, 1:33] = g["a"]
+    with pytest.raises(RuntimeError, match="a data must be 16-byte aligned"):
+        nvfp4_gemm.grouped_mm(a_big[:, 1:33], g["b"], g["sfa"], g["sfb"], g["offs"])
+    b_t = g["b"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, stride 1 along N
+    with pytest.raises(RuntimeError, match="b must be K-major"):
+        nvfp4_gemm.grouped_mm(g["a"], b_t, g["sfa"], g["sfb"], g["offs"])
+    out = torch.full((20, 32), 7.0, dtype=torch.float16, device=device)
+    with pytest.raises(RuntimeError, match="out must have unit stride along N"):
+        nvfp4_gemm.grouped_mm(g["a"], g["b"], g["sfa"], g["sfb"], g["offs"], out=out[:, ::2])
+    assert (out == 7.0).all()
+
+
 def test_cpu_checks_routing():
     g = _good("cpu")
     for offs, pattern in (([5, 3, 20], r"offs must be non-decreasing .* offs\[1\] = 3 after offs\[0\] = 5"),
@@ -480,6 +530,37 @@ def test_cuda_graph_replay_with_new_routing(gbackend):
         graph.replay()
         torch.cuda.synchronize()
         grouped_reference(fresh).check(out, f"replay {routing}")
+
+
+@requires_cuda
+def test_cuda_graph_quantize_and_gemm_with_new_routing(gbackend):
+    """The whole W4A4 step (quantize_grouped dynamic, grouped_mm) captured once, replayed with new tokens and new
+    routing: each replay equals the eager call on the same inputs, bit for bit."""
+    _, device = _cuda_backend(gbackend)
+    t, k, g = 80, 128, 6
+    inputs = make_grouped_inputs(GroupedCase(t, 64, k, g), device, seed=25)
+    ws2 = torch.full((g,), 0.25, device=device)
+    x = _x(t, k, torch.bfloat16, 26).to(device)
+    offs = inputs["offs"].clone()
+
+    def step():
+        p, sfa, a_dec = nvfp4_gemm.quantize_grouped(x, offs)
+        return nvfp4_gemm.grouped_mm(p, inputs["b"], sfa, inputs["sfb"], offs, alpha=a_dec * ws2,
+                                     out_dtype=torch.bfloat16)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    gen = torch.Generator().manual_seed(27)
+    for routing in ("skewed", "one", "ones", "edges"):
+        counts = routing_counts(t, g, routing, gen)
+        offs.copy_(torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32))
+        x.copy_(_x(t, k, torch.bfloat16, len(routing)).to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, step()), routing
 
 
 @requires_cuda

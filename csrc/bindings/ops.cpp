@@ -76,13 +76,11 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
   m.def(
       "grouped_mm_out(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs, Tensor? alpha=None, "
       "ScalarType? out_dtype=None, *, Tensor(a!) out) -> ()");
-  // Grouped quantization of A with one scale per group, rows to linear scales (nvfp4_gemm/grouped.py places
-  // them in the grouped blocked layout): group_scale [G] float32 is each group's static DECODE input scale, or
-  // (dynamic=True) each group's finite amax; row_group int32 [T] the group of each row. Returns packed [T, K/2],
-  // linear e4m3 scales [T, K/16] and the groups' decode scales [G].
-  m.def(
-      "_quantize_grouped_rows(Tensor x, Tensor group_scale, Tensor row_group, bool dynamic) -> (Tensor, Tensor, "
-      "Tensor)");
+  // Grouped quantization of tokens sorted by group (nvfp4_gemm.quantize_grouped): one per-tensor scale per group,
+  // input_scale float32 [G] each group's static DECODE scale or None (dynamic: each group's finite amax), the
+  // scales written in the grouped blocked layout of sfa_rows padded rows. Returns packed [T, K/2], sfa (flat e4m3)
+  // and the groups' decode scales [G].
+  m.def("_quantize_grouped(Tensor x, Tensor offs, Tensor? input_scale, int sfa_rows) -> (Tensor, Tensor, Tensor)");
   m.def("_register_grouped_backends() -> str[]", []() { return nvfp4_gemm::register_grouped_backends(); });
   m.def("_grouped_backends() -> str[]", []() {
     std::vector<std::string> out;

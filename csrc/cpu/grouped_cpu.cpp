@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <string>
 #include <vector>
 
@@ -129,19 +130,23 @@ void grouped_mm_out_cpu(const at::Tensor& a, const at::Tensor& b, const std::opt
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Grouped quantization: row r quantized with the encode scale of its group, recipe.h's arithmetic (the
-// code nvfp4_gemm::quantize runs), so its bits are those of quantizing each group alone with its own scale.
+// Grouped quantization: the rows of group j quantized with group j's encode scale, recipe.h's arithmetic (the
+// code nvfp4_gemm::quantize runs), so their bits are those of quantizing the group alone with its own scale;
+// the scales go straight to the grouped blocked layout. The routing follows the CUDA kernels' rules (offsets
+// clamped to [0, T], a decrease read as an empty group, scales past sfa_rows dropped), so both devices agree on
+// any offs.
 
 template <typename Raw, typename ToBits>
-void quantize_rows(const Raw* x, int64_t rows, int64_t k, const float* gs_of_group, const int32_t* row_group,
-                   uint8_t* packed, uint8_t* sf, ToBits to_bits) {
+void quantize_group(const Raw* x, int64_t row0, int64_t m, int64_t pad0, int64_t sfa_rows, int64_t k, float gs,
+                    uint8_t* packed, uint8_t* sf, ToBits to_bits) {
   const int64_t sf_cols = k / kSfVecSize;
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+  const int64_t live = std::min(m, sfa_rows - pad0);  // rows whose scales fit the buffer
+  at::parallel_for(0, live, 16, [&](int64_t r0, int64_t r1) {
     uint32_t abs_bits[kSfVecSize], neg[kSfVecSize];
     for (int64_t r = r0; r < r1; ++r) {
-      const float gs = gs_of_group[row_group[r]];
+      const int64_t row = row0 + r;
       for (int64_t s = 0; s < sf_cols; ++s) {
-        const Raw* in = x + r * k + s * kSfVecSize;
+        const Raw* in = x + row * k + s * kSfVecSize;
         uint32_t amax_bits = 0;
         for (int i = 0; i < kSfVecSize; ++i) {
           const uint32_t bits = to_bits(in[i]);
@@ -150,9 +155,9 @@ void quantize_rows(const Raw* x, int64_t rows, int64_t k, const float* gs_of_gro
           amax_bits = std::max(amax_bits, abs_bits[i]);
         }
         const uint8_t s8 = quant::block_scale(quant::bits_float(amax_bits), gs);
-        sf[r * sf_cols + s] = s8;
+        sf[blocked_sf_offset(pad0 + r, s, sf_cols)] = s8;
         const float inv = quant::value_multiplier(s8, gs);
-        uint8_t* o = packed + r * (k / 2) + s * (kSfVecSize / 2);
+        uint8_t* o = packed + row * (k / 2) + s * (kSfVecSize / 2);
         for (int i = 0; i < kSfVecSize / 2; ++i) {
           o[i] = static_cast<uint8_t>(quant::e2m1_code(abs_bits[2 * i], neg[2 * i], inv) |
                                       (quant::e2m1_code(abs_bits[2 * i + 1], neg[2 * i + 1], inv) << 4));
@@ -162,77 +167,103 @@ void quantize_rows(const Raw* x, int64_t rows, int64_t k, const float* gs_of_gro
   });
 }
 
+// Finite amax of rows [row0, row0 + m) as fp32 bits (0 when nothing is finite).
+template <typename Raw, typename ToBits>
+uint32_t finite_amax_bits(const Raw* x, int64_t row0, int64_t m, int64_t k, ToBits to_bits) {
+  uint32_t amax = 0;
+  for (int64_t i = row0 * k; i < (row0 + m) * k; ++i) {
+    const uint32_t bits = to_bits(x[i]) & 0x7FFFFFFFu;
+    if (bits < 0x7F800000u) amax = std::max(amax, bits);
+  }
+  return amax;
+}
+
+template <typename Raw, typename ToBits>
+void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* offs, int64_t g, const float* input_scale,
+                            int64_t sfa_rows, uint8_t* packed, uint8_t* sf, float* decode, ToBits to_bits) {
+  const auto clamp = [t](int64_t v) { return v < 0 ? int64_t{0} : v > t ? t : v; };
+  int64_t pad = 0;
+  for (int64_t j = 0; j < g; ++j) {
+    const int64_t lo = j == 0 ? 0 : clamp(offs[j - 1]), hi = clamp(offs[j]);
+    const int64_t m = hi > lo ? hi - lo : 0;
+    const quant::InputScales sc =
+        input_scale != nullptr ? quant::static_input_scales(input_scale[j], 1.0f)
+                               : quant::dynamic_input_scales(quant::bits_float(finite_amax_bits(x, lo, m, k, to_bits)),
+                                                             1.0f);
+    decode[j] = sc.decode;
+    if (m > 0) {
+      TORCH_CHECK(quant::usable_encode_scale(sc.encode), "nvfp4_gemm.quantize_grouped: group ", j,
+                  "'s input scale must be positive and finite (its encode scale 1 / input_scale is ", sc.encode,
+                  "), got ", input_scale != nullptr ? input_scale[j] : sc.decode);
+      if (pad < sfa_rows) quantize_group(x, lo, m, pad, sfa_rows, k, sc.encode, packed, sf, to_bits);
+    }
+    pad += round_up(m, kSfAtomRows);
+  }
+}
+
 }  // namespace
 
-// Shared with the CUDA implementation: the checks of _quantize_grouped_rows.
-void check_quantize_grouped_rows(const at::Tensor& x, const at::Tensor& group_scale, const at::Tensor& row_group) {
+void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const std::optional<at::Tensor>& input_scale,
+                            int64_t sfa_rows) {
   constexpr const char* op = "nvfp4_gemm.quantize_grouped";
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, K], got shape ", x.sizes());
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, K] (tokens sorted by group), got shape ", x.sizes());
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
               ": x must be float32, float16 or bfloat16, got ", dt);
-  const int64_t k = x.size(1);
+  const int64_t t = x.size(0), k = x.size(1);
   TORCH_CHECK(k > 0 && k % kSfVecSize == 0, op, ": K = x.shape[1] must be a positive multiple of 16 (one e4m3 scale "
               "per 16 elements), got ", k);
-  TORCH_CHECK(group_scale.scalar_type() == at::kFloat && group_scale.dim() == 1 && group_scale.numel() >= 1 &&
-                  group_scale.is_contiguous(),
-              op, ": the per-group scales must be a contiguous float32 [G] tensor, got ", group_scale.scalar_type(),
-              " of shape ", group_scale.sizes());
-  TORCH_CHECK(row_group.scalar_type() == at::kInt && row_group.dim() == 1 && row_group.size(0) == x.size(0) &&
-                  row_group.is_contiguous(),
-              op, ": row_group must be a contiguous int32 [T] = [", x.size(0), "] tensor, got ",
-              row_group.scalar_type(), " of shape ", row_group.sizes());
-  TORCH_CHECK(group_scale.device() == x.device() && row_group.device() == x.device(), op,
-              ": the per-group scales and row_group must be on x's device (", x.device(), "), got ",
-              group_scale.device(), " and ", row_group.device());
+  TORCH_CHECK(t <= INT32_MAX, op, ": T = x.shape[0] must be at most 2^31 - 1 (offs is int32), got ", t);
+  TORCH_CHECK(offs.scalar_type() == at::kInt && offs.dim() == 1 && offs.numel() >= 1 && offs.is_contiguous(), op,
+              ": offs must be a contiguous 1-D int32 [G] tensor of cumulative row ends (G >= 1), got ",
+              offs.scalar_type(), " of shape ", offs.sizes());
+  TORCH_CHECK(offs.device() == x.device(), op, ": offs must be on x's device (", x.device(), "), got ", offs.device());
+  const int64_t g = offs.numel();
+  if (input_scale.has_value()) {
+    const at::Tensor& s = *input_scale;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == g && s.is_contiguous(), op,
+                ": input_scale must be a contiguous float32 [G] = [", g, "] tensor (each group's DECODE input scale), "
+                "got ", s.scalar_type(), " of shape ", s.sizes());
+    TORCH_CHECK(s.device() == x.device(), op, ": input_scale must be on x's device (", x.device(), "), got ",
+                s.device());
+  }
+  TORCH_CHECK(sfa_rows % kSfAtomRows == 0 && sfa_rows >= round_up(t, kSfAtomRows), op,
+              ": sfa_rows must be a multiple of 128 and at least round_up(T,128) = ", round_up(t, kSfAtomRows),
+              " (grouped_sfa_rows(T, G) = ", grouped_sfa_rows_worst(t, g), " fits every routing), got ", sfa_rows);
 }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cpu(const at::Tensor& x_in,
-                                                                         const at::Tensor& group_scale,
-                                                                         const at::Tensor& row_group, bool dynamic) {
-  check_quantize_grouped_rows(x_in, group_scale, row_group);
-  const int64_t t = x_in.size(0), k = x_in.size(1), g = group_scale.numel();
-  at::Tensor packed = at::empty({t, k / 2}, x_in.options().dtype(at::kByte));
-  at::Tensor sf = at::empty({t, k / kSfVecSize}, x_in.options().dtype(at::kFloat8_e4m3fn));
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Tensor& x_in, const at::Tensor& offs,
+                                                                    const std::optional<at::Tensor>& input_scale,
+                                                                    int64_t sfa_rows) {
+  check_quantize_grouped(x_in, offs, input_scale, sfa_rows);
+  const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
+  // Rows no group owns within sfa (garbage routing, or sfa_rows too small for it) stay zero here.
+  at::Tensor packed = at::zeros({t, k / 2}, x_in.options().dtype(at::kByte));
+  at::Tensor sf = at::zeros({sfa_rows * round_up(k / kSfVecSize, kSfAtomCols)}, x_in.options().dtype(at::kByte));
   at::Tensor decode = at::empty({g}, x_in.options().dtype(at::kFloat));
-  const float* in_scale = group_scale.data_ptr<float>();
-  std::vector<float> encode(g);
-  for (int64_t i = 0; i < g; ++i) {
-    const quant::InputScales sc = dynamic ? quant::dynamic_input_scales(in_scale[i], 1.0f)
-                                          : quant::static_input_scales(in_scale[i], 1.0f);
-    encode[i] = sc.encode;
-    decode.data_ptr<float>()[i] = sc.decode;
-  }
-  const int32_t* rg = row_group.data_ptr<int32_t>();
-  for (int64_t r = 0; r < t; ++r) {
-    TORCH_CHECK(rg[r] >= 0 && rg[r] < g, "nvfp4_gemm.quantize_grouped: row ", r, " maps to group ", rg[r],
-                ", outside [0, G=", g, ")");
-  }
-  // Only the groups that own a row: an unused group's bad static scale must not stop the others.
-  for (int64_t r = 0; r < t; ++r) {
-    const float gs = encode[rg[r]];
-    TORCH_CHECK(quant::usable_encode_scale(gs), "nvfp4_gemm.quantize_grouped: group ", rg[r], "'s input scale must "
-                "be positive and finite (its encode scale 1 / input_scale is ", gs, "), got ", in_scale[rg[r]]);
-  }
-  if (t == 0) return {packed, sf, decode};
   const at::Tensor x = x_in.contiguous();
+  const float* in_scale = input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr;
+  const int32_t* o = offs.data_ptr<int32_t>();
   uint8_t* p = packed.data_ptr<uint8_t>();
-  uint8_t* f = static_cast<uint8_t*>(sf.data_ptr());
+  uint8_t* f = sf.data_ptr<uint8_t>();
+  float* d = decode.data_ptr<float>();
   switch (x.scalar_type()) {
     case at::kFloat:
-      quantize_rows(static_cast<const uint32_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f,
-                    [](uint32_t v) { return v; });
+      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+                             [](uint32_t v) { return v; });
       break;
     case at::kHalf:
-      quantize_rows(static_cast<const uint16_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f, quant::f16_to_f32_bits);
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+                             quant::f16_to_f32_bits);
       break;
     default:
-      quantize_rows(static_cast<const uint16_t*>(x.data_ptr()), t, k, encode.data(), rg, p, f, quant::bf16_to_f32_bits);
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+                             quant::bf16_to_f32_bits);
       break;
   }
-  return {packed, sf, decode};
+  return {packed, sf.view(at::kFloat8_e4m3fn), decode};
 }
 
 }  // namespace
@@ -241,5 +272,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cpu(const a
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
   m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cpu);
   m.impl("grouped_mm_out", &nvfp4_gemm::grouped_mm_out_cpu);
-  m.impl("_quantize_grouped_rows", &nvfp4_gemm::quantize_grouped_rows_cpu);
+  m.impl("_quantize_grouped", &nvfp4_gemm::quantize_grouped_cpu);
 }

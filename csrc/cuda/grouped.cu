@@ -16,19 +16,6 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 64;
 constexpr int kThreads = 256;     // 16 x 16 threads, 4 x 4 outputs each
 constexpr int kPrepThreads = 512;
 
-// Workspace (int64): tile_start[g + 1] | pad_start[g] | row_start[g] | row_count[g].
-struct Routing {
-  const int64_t* tile_start;
-  const int64_t* pad_start;
-  const int64_t* row_start;
-  const int64_t* row_count;
-};
-
-__host__ __device__ inline Routing routing(const void* ws, int64_t g) {
-  const int64_t* w = static_cast<const int64_t*>(ws);
-  return Routing{w, w + g + 1, w + 2 * g + 1, w + 3 * g + 1};
-}
-
 // One block: every group's rows [lo, lo + m) (offsets clamped to [0, t], a decrease read as an empty group),
 // its first padded row in the grouped blocked sfa and its first row tile, by prefix sums over chunks of groups.
 __global__ void __launch_bounds__(kPrepThreads) grouped_prologue(const int32_t* __restrict__ offs, int64_t g,
@@ -103,10 +90,9 @@ template <> __device__ __forceinline__ float to_float<__half>(__half v) { return
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 template <typename OutT, AType A>
-__global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GroupedProblem p, const int64_t* __restrict__ ws) {
+__global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GroupedProblem p, GroupedRouting rt) {
   __shared__ float as[kTileK][kTileM + 1];  // A tile, transposed: as[k][row]
   __shared__ float bs[kTileK][kTileN + 1];  // B tile, transposed: bs[k][col]
-  const Routing rt = routing(ws, p.g);
   const int64_t total_tiles = rt.tile_start[p.g];
   const int64_t sf_cols = p.k / kSfVecSize;
   const int64_t sfb_group = round_up(p.n, kSfAtomRows) * round_up(sf_cols, kSfAtomCols);
@@ -205,12 +191,12 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(GroupedProble
 }
 
 template <typename OutT>
-void launch_main(const GroupedProblem& p, const int64_t* ws, dim3 grid, cudaStream_t stream) {
+void launch_main(const GroupedProblem& p, const GroupedRouting& rt, dim3 grid, cudaStream_t stream) {
   switch (p.a_type) {
-    case AType::kE2m1: grouped_gemm_kernel<OutT, AType::kE2m1><<<grid, kThreads, 0, stream>>>(p, ws); break;
-    case AType::kFloat16: grouped_gemm_kernel<OutT, AType::kFloat16><<<grid, kThreads, 0, stream>>>(p, ws); break;
-    case AType::kBFloat16: grouped_gemm_kernel<OutT, AType::kBFloat16><<<grid, kThreads, 0, stream>>>(p, ws); break;
-    case AType::kFloat32: grouped_gemm_kernel<OutT, AType::kFloat32><<<grid, kThreads, 0, stream>>>(p, ws); break;
+    case AType::kE2m1: grouped_gemm_kernel<OutT, AType::kE2m1><<<grid, kThreads, 0, stream>>>(p, rt); break;
+    case AType::kFloat16: grouped_gemm_kernel<OutT, AType::kFloat16><<<grid, kThreads, 0, stream>>>(p, rt); break;
+    case AType::kBFloat16: grouped_gemm_kernel<OutT, AType::kBFloat16><<<grid, kThreads, 0, stream>>>(p, rt); break;
+    case AType::kFloat32: grouped_gemm_kernel<OutT, AType::kFloat32><<<grid, kThreads, 0, stream>>>(p, rt); break;
   }
 }
 
@@ -218,6 +204,17 @@ void launch_main(const GroupedProblem& p, const int64_t* ws, dim3 grid, cudaStre
 
 size_t grouped_workspace_bytes(int64_t g) {
   return static_cast<size_t>(round_up((4 * g + 1) * static_cast<int64_t>(sizeof(int64_t)), 16));
+}
+
+bool grouped_routing(const int32_t* offs, int64_t g, int64_t t, void* workspace, cudaStream_t stream, char* err,
+                     size_t err_len) {
+  grouped_prologue<<<1, kPrepThreads, 0, stream>>>(offs, g, t, static_cast<int64_t*>(workspace));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::snprintf(err, err_len, "grouped routing prologue launch failed: %s", cudaGetErrorString(e));
+    return false;
+  }
+  return true;
 }
 
 bool grouped_run(const GroupedProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream, char* err,
@@ -243,10 +240,11 @@ bool grouped_run(const GroupedProblem& p, void* workspace, size_t workspace_byte
   constexpr int64_t kMaxGridX = int64_t{1} << 20;
   const dim3 grid(static_cast<unsigned>(max_tiles < kMaxGridX ? max_tiles : kMaxGridX),
                   static_cast<unsigned>(n_tiles));
+  const GroupedRouting rt = grouped_routing_view(ws, p.g);
   switch (p.out_dtype) {
-    case OutDtype::kFloat16: launch_main<__half>(p, ws, grid, stream); break;
-    case OutDtype::kBFloat16: launch_main<__nv_bfloat16>(p, ws, grid, stream); break;
-    case OutDtype::kFloat32: launch_main<float>(p, ws, grid, stream); break;
+    case OutDtype::kFloat16: launch_main<__half>(p, rt, grid, stream); break;
+    case OutDtype::kBFloat16: launch_main<__nv_bfloat16>(p, rt, grid, stream); break;
+    case OutDtype::kFloat32: launch_main<float>(p, rt, grid, stream); break;
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {

@@ -1,7 +1,7 @@
-// Torch-free entry point of the grouped quantization kernel (csrc/quant/quantize_grouped.cu): each row of x
-// quantized with its own group's per-tensor scale, recipe.h's arithmetic (the bits of nvfp4_gemm::quantize of
-// that group alone). The binding (csrc/bindings/cuda/grouped_cuda.cpp) validates and allocates; the Python
-// layer (nvfp4_gemm/grouped.py) routes the rows and places the scales in the grouped blocked layout.
+// Torch-free entry point of the grouped quantization (csrc/quant/quantize_grouped.cu): tokens sorted by group,
+// each group quantized with its own per-tensor scale by recipe.h's arithmetic (the bits of nvfp4_gemm::quantize
+// of that group alone), its scales written straight into the grouped blocked layout that grouped_mm reads.
+// The binding (csrc/bindings/cuda/grouped_cuda.cpp) validates and allocates.
 #pragma once
 
 #include <cstddef>
@@ -12,15 +12,21 @@
 
 namespace nvfp4_gemm::quant {
 
+// Device workspace of quantize_grouped_cuda for g groups (bytes).
+size_t quantize_grouped_workspace_bytes(int64_t g);
+
 // x [rows, k] in `dtype` (16-byte aligned, rows ld_x elements apart, ld_x * element size a multiple of 16;
-// k % 16 == 0) -> packed [rows, k/2] e2m1 and LINEAR e4m3 scales sf [rows, k/16], both contiguous. Row r uses
-// group row_group[r] (in [0, g); device memory). group_scale [g] (device) holds each group's static DECODE
-// input scale, or with `dynamic` its finite amax; the encode scale is recipe.h's static_input_scales /
-// dynamic_input_scales of it, and decode [g] receives the matching decode scale. rows may be 0 (then only
-// decode is written). Returns false with `err` filled on a launch failure.
-bool quantize_grouped_rows_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x,
-                                const float* group_scale, int64_t g, const int32_t* row_group, bool dynamic,
-                                uint8_t* packed, uint8_t* sf, float* decode, cudaStream_t stream, char* err,
-                                size_t err_len);
+// k % 16 == 0), offs int32 [g] (device; clamped to [0, rows], a decrease read as an empty group) ->
+//   packed [rows, k/2] e2m1 (contiguous; rows that no group owns within the sfa capacity are not written),
+//   sf: the grouped blocked layout of sfa_rows padded rows (a multiple of 128): group j's rows blocked on their
+//       own from padded row sum_{i<j} round_up(m_i, 128); every byte written (zero where no scale lands),
+//   decode [g]: each group's DECODE scale.
+// input_scale [g] (device): each group's static DECODE input scale (encode = recipe.h static_encode_scale); nullptr:
+// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). Three launches (routing,
+// then the dynamic amax, then the quantization) on `stream`, no host sync. Returns false with `err` filled on a
+// launch failure.
+bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
+                           int64_t g, const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed,
+                           uint8_t* sf, float* decode, cudaStream_t stream, char* err, size_t err_len);
 
 }  // namespace nvfp4_gemm::quant

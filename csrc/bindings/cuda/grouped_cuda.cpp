@@ -197,17 +197,20 @@ void grouped_mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::op
   if (s.t > 0 && s.n > 0) grouped_into(s, a, b, sfa, sfb, offs, alpha, out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cuda(const at::Tensor& x_in,
-                                                                          const at::Tensor& group_scale,
-                                                                          const at::Tensor& row_group, bool dynamic) {
-  check_quantize_grouped_rows(x_in, group_scale, row_group);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::Tensor& x_in, const at::Tensor& offs,
+                                                                     const std::optional<at::Tensor>& input_scale,
+                                                                     int64_t sfa_rows) {
+  check_quantize_grouped(x_in, offs, input_scale, sfa_rows);
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const int64_t t = x_in.size(0), k = x_in.size(1), g = group_scale.numel();
+  const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
   at::Tensor packed = at::empty({t, k / 2}, x_in.options().dtype(at::kByte));
-  at::Tensor sf = at::empty({t, k / kSfVecSize}, x_in.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor sf = at::empty({sfa_rows * round_up(k / kSfVecSize, kSfAtomCols)}, x_in.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor decode = at::empty({g}, x_in.options().dtype(at::kFloat));
-  // The kernel reads 16-byte chunks: unit stride along K, 16-byte aligned rows and base; anything else is
-  // copied once (a fresh allocation is 16-byte aligned).
+  const int sm = device_info(x_in.get_device()).sm;
+  TORCH_CHECK(sm >= 80, "nvfp4_gemm.quantize_grouped: the CUDA kernels need SM >= 8.0, this GPU is SM ", sm / 10, ".",
+              sm % 10, "; move the tensors to the CPU");
+  // The kernels read 16-byte chunks: unit stride along K, 16-byte aligned rows and base; anything else is copied
+  // once (a fresh allocation is 16-byte aligned).
   at::Tensor x = x_in;
   const int64_t esize = static_cast<int64_t>(x.element_size());
   const auto aligned = [&](const at::Tensor& v) {
@@ -218,12 +221,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cuda(const 
   const quant::InDtype dt = x.scalar_type() == at::kFloat  ? quant::InDtype::kFloat32
                             : x.scalar_type() == at::kHalf ? quant::InDtype::kFloat16
                                                            : quant::InDtype::kBFloat16;
+  at::Tensor ws = at::empty({static_cast<int64_t>(quant::quantize_grouped_workspace_bytes(g))},
+                            x_in.options().dtype(at::kByte));
   char err[kErrLen] = {0};
-  TORCH_CHECK(quant::quantize_grouped_rows_cuda(x.data_ptr(), dt, t, k, t > 1 ? x.stride(0) : k,
-                                                group_scale.data_ptr<float>(), g, row_group.data_ptr<int32_t>(),
-                                                dynamic, packed.data_ptr<uint8_t>(),
-                                                static_cast<uint8_t*>(sf.data_ptr()), decode.data_ptr<float>(),
-                                                at::cuda::getCurrentCUDAStream(), err, kErrLen),
+  TORCH_CHECK(quant::quantize_grouped_cuda(x.data_ptr(), dt, t, k, t > 1 ? x.stride(0) : k, offs.data_ptr<int32_t>(), g,
+                                           input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr,
+                                           sfa_rows, ws.data_ptr(), packed.data_ptr<uint8_t>(),
+                                           static_cast<uint8_t*>(sf.data_ptr()), decode.data_ptr<float>(),
+                                           at::cuda::getCurrentCUDAStream(), err, kErrLen),
               "nvfp4_gemm.quantize_grouped (CUDA): ", err);
   return {packed, sf, decode};
 }
@@ -234,5 +239,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_rows_cuda(const 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cuda);
   m.impl("grouped_mm_out", &nvfp4_gemm::grouped_mm_out_cuda);
-  m.impl("_quantize_grouped_rows", &nvfp4_gemm::quantize_grouped_rows_cuda);
+  m.impl("_quantize_grouped", &nvfp4_gemm::quantize_grouped_cuda);
 }
