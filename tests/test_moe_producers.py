@@ -259,3 +259,17 @@ def test_quantize_save_reload_bit_for_bit(tmp_path, mode, fmt):
         gen = back.generate(ids[:1, :5], attention_mask=torch.ones_like(ids[:1, :5]), max_new_tokens=3,
                             do_sample=False, pad_token_id=0)
     assert gen.shape == (1, 8)
+
+
+def test_default_save_of_the_default_quantization_round_trips(tmp_path):
+    import nvfp4_gemm
+
+    model = _tiny_moe()
+    nvfp4_gemm.quantize_model(model, filter=lambda n, m: n != "lm_head", progress=False)  # dynamic W4A4
+    save_pretrained(model, tmp_path / "ckpt", progress=False)  # the format chosen from the model
+    back = from_pretrained(str(tmp_path / "ckpt"), progress=False)
+    ex = back.model.layers[0].mlp.experts
+    assert isinstance(ex, moe.NVFP4Experts) and not ex.weight_only and not ex.static_input_scale  # dynamic again
+    ids = token_ids(seed=4)
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
