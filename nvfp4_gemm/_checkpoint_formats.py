@@ -10,7 +10,8 @@ NVIDIA Model Optimizer ("modelopt"), as its unified Hugging Face export writes i
   * every nn.Linear not excluded is quantized; tensors <m>.weight uint8 [N, K/2] (element 2i in the low
     nibble), <m>.weight_scale float8_e4m3fn [N, K/16] row-major, <m>.weight_scale_2 float32 scalar (the weight
     DECODE scale amax / 2688), <m>.input_scale float32 scalar (input DECODE scale; static W4A4).
-  * fused projections (q/k/v, gate/up) share weight_scale_2 and input_scale (max of the amaxes).
+  * fused projections (q/k/v, gate/up: _groups.FUSABLE_GROUPS) share weight_scale_2 and input_scale (max of
+    the amaxes).
 compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM):
   * config: config.json "quantization_config" {"quant_method": "compressed-tensors", "format",
     "config_groups": {g: {"targets", "weights", "input_activations", "format"}}, "ignore",
@@ -23,6 +24,10 @@ compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM
     "dynamic": true is per-block e4m3 scales computed per call with NO global scale (compressed-tensors
     registers no input_global_scale then): our mode "dynamic_block", quantize(x, None).
   * llm-compressor also makes q/k/v and gate/up share the global scales.
+nvfp4_gemm's own addition, in either format: config.json "nvfp4_gemm": {"dynamic_w4a4_layers": [names]} lists
+layers stored as weight-only that ran dynamic W4A4 (a per-call per-tensor input scale, which neither format
+can say; their tensors are a weight-only layer's). save_pretrained(format=None) writes it; from_pretrained
+runs those layers as dynamic W4A4 again unless told weight_only=True; other readers ignore it.
 """
 from __future__ import annotations
 
@@ -40,12 +45,12 @@ from ._checkpoint_io import CheckpointError, UnsupportedFormatError, checked_fil
 MODES = ("static", "dynamic", "dynamic_block", "weight_only")
 # ModelOpt quant_algo -> the mode of its layers
 MODELOPT_ALGOS = {"NVFP4": "static", "W4A16_NVFP4": "weight_only"}
-# Projections that inference engines fuse into one GEMM; they must share the per-tensor scales.
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
 HF_QUANT_CONFIG = "hf_quant_config.json"
+OWN_CONFIG_KEY, DYNAMIC_KEY = "nvfp4_gemm", "dynamic_w4a4_layers"
 CT_FORMAT = "nvfp4-pack-quantized"
 
-# our role -> checkpoint suffix, per format (NVFP4Linear's own buffer names are ModelOpt's)
+# The per-format tensor naming table: our role -> the checkpoint's suffix (NVFP4Linear's own buffer names are
+# ModelOpt's). The loader's expectations, its unexpected-tensor checks and the writer all read it.
 ROLE_NAMES = {
     "modelopt": {"weight": "weight", "weight_scale": "weight_scale", "weight_scale_2": "weight_scale_2",
                  "input_scale": "input_scale", "bias": "bias"},
@@ -53,15 +58,9 @@ ROLE_NAMES = {
                            "weight_scale_2": "weight_global_scale", "input_scale": "input_global_scale",
                            "bias": "bias"},
 }
-
-
-def fused_group_key(name: str) -> str | None:
-    """'model.layers.3.self_attn.k_proj' -> 'model.layers.3.self_attn:q_proj' (one key per fused group)."""
-    parent, _, leaf = name.rpartition(".")
-    for group in FUSED_GROUPS:
-        if leaf in group:
-            return f"{parent}:{group[0]}"
-    return None
+# Every suffix that marks a quantization tensor in either format (a scale where the config quantizes nothing).
+QUANT_SUFFIXES = frozenset(suffix for names in ROLE_NAMES.values() for role, suffix in names.items()
+                           if role not in ("weight", "bias")) | {"weight_packed"}
 
 
 # A checkpoint's "re:" targets run on every module name; Python's re backtracks without bound, so a pattern
@@ -123,6 +122,7 @@ class QuantFormat:
     quantized_layers: dict[str, str] | None = None  # modelopt MIXED_PRECISION: layer -> its mode
     algo_mode: str = "static"                   # modelopt: the mode quant_algo gives every quantized layer
     kv_cache: bool = False                      # k_scale / v_scale tensors may be present (ignored)
+    dynamic_layers: frozenset[str] = frozenset()  # weight-only layers that ran dynamic W4A4 (OWN_CONFIG_KEY)
 
     def names(self) -> dict[str, str]:
         return ROLE_NAMES[self.name]
@@ -270,6 +270,24 @@ def _compressed_tensors(qcfg: dict, source: str) -> QuantFormat:
 def detect(directory: str, config_dict: dict) -> QuantFormat | None:
     """The checkpoint's quantization format from config.json's quantization_config or hf_quant_config.json;
     None for an unquantized checkpoint."""
+    fmt = _detect(directory, config_dict)
+    if fmt is not None:
+        fmt.dynamic_layers = _dynamic_layers(config_dict, os.path.join(directory, "config.json"))
+    return fmt
+
+
+def _dynamic_layers(config_dict: dict, source: str) -> frozenset[str]:
+    own = config_dict.get(OWN_CONFIG_KEY)
+    if own is None:
+        return frozenset()
+    names = own.get(DYNAMIC_KEY, []) if isinstance(own, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{source}: {OWN_CONFIG_KEY} must be an object whose {DYNAMIC_KEY} is a list of layer "
+                              f"names, got {own!r:.80}")
+    return frozenset(names)
+
+
+def _detect(directory: str, config_dict: dict) -> QuantFormat | None:
     config_path = os.path.join(directory, "config.json")
     hf_path = os.path.join(directory, HF_QUANT_CONFIG)
     qcfg = config_dict.get("quantization_config")

@@ -5,7 +5,6 @@ no host sync and CUDA-graph capture of forward + backward."""
 from __future__ import annotations
 
 import re
-import zlib
 
 import pytest
 import torch
@@ -14,16 +13,11 @@ from torch.utils.checkpoint import checkpoint
 import nvfp4_gemm
 from nvfp4_gemm import NVFP4Linear, autograd as nvfp4_autograd
 from nvfp4_gemm.formats import dequantize
-from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, Case, make_inputs
-from conftest import requires_cuda
+from nvfp4_gemm.testing import MODES, SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, Case, make_inputs, seed_of
+from conftest import requires_cuda, skip_refused_weight_only_float32
 from test_linear_op import call, make_layer, make_x
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-MODES = ("weight_only", "static", "dynamic")
-
-
-def seed_of(*parts) -> int:
-    return zlib.crc32(repr(parts).encode())
 
 
 def decoded64(layer: dict) -> torch.Tensor:
@@ -55,8 +49,7 @@ def input_scale_for(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_linear_grads_match_decoded_reference(backend, mode, dtype, bias):
     name, device = backend
-    if mode == "weight_only" and dtype == F32 and name in ("sm90", "sm100"):
-        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
+    skip_refused_weight_only_float32(name, mode, dtype)
     seed = seed_of("grad", mode, dtype, bias)
     layer = make_layer(72, 96, device, seed, bias_dtype=dtype if bias else None)
     if bias:

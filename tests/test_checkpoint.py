@@ -10,6 +10,7 @@ compared with a float model holding those weights (reported, and bounded).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import json
 import os
 import re
@@ -24,11 +25,11 @@ from nvfp4_gemm import NVFP4Linear
 from nvfp4_gemm.checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained
 from nvfp4_gemm.formats import dequantize, e4m3_to_float, from_blocked, unpack_e2m1
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
-from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import save_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -48,27 +49,9 @@ def _weight_only_skip_reason() -> str | None:
 NO_WEIGHT_ONLY = _weight_only_skip_reason()
 
 
-def tiny_config(tie: bool = False, arch: str = "llama"):
-    # K % 32 == 0 and N % 8 == 0 for every projection: hidden 64, 4 heads of 16, 2 KV heads (k/v N = 32).
-    # Qwen2 adds biases to q/k/v.
-    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    return config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        tie_word_embeddings=tie, dtype="float32")
-
-
 def float_model(seed: int, tie: bool = False, arch: str = "llama") -> nn.Module:
-    torch.manual_seed(seed)
-    model_class = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[arch]
-    model = model_class(tiny_config(tie, arch)).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:  # spread over several binades, so that block scales differ
-                p.copy_(torch.randn_like(p) * torch.exp2(torch.randint(-8, -3, p.shape[:1])).unsqueeze(-1)
-                        if p.dim() == 2 else torch.randn_like(p) * 0.02)
-    return model
+    # (Qwen2 adds biases to q/k/v; rows over several binades, so that block scales differ)
+    return tiny_causal_lm(arch, seed, init="spread_rows", tie_word_embeddings=tie, dtype="float32")
 
 
 def token_ids(seed: int) -> torch.Tensor:
@@ -231,7 +214,7 @@ def check_layer(name: str, layer: NVFP4Linear, x: torch.Tensor, y: torch.Tensor,
     """SPEC.md's bound for y = x_q @ W_ref^T + b, where x_q is x itself for a weight-only layer and x quantized
     with the layer's input scale (static, or the call's amax) for W4A4. Returns the worst error / bound."""
     x2 = x.reshape(-1, layer.in_features)
-    if getattr(layer, "weight_only", False):
+    if layer.weight_only:
         xq = x2.double()
     else:  # the layer's encode / decode pair, as NVFP4Linear documents it
         if layer.input_scale is not None:
@@ -278,8 +261,7 @@ def assert_same_state(a: nn.Module, b: nn.Module) -> None:
         if isinstance(m, NVFP4Linear):
             other = b.get_submodule(n)
             assert isinstance(other, NVFP4Linear) and (m.input_scale is None) == (other.input_scale is None), n
-            assert getattr(m, "weight_only", False) == getattr(other, "weight_only", False), n
-            assert getattr(m, "block_scales_only", False) == getattr(other, "block_scales_only", False), n
+            assert m.mode == other.mode, n
 
 
 # ------------------------------------------------------------------ fixtures (generated once per session)
@@ -340,7 +322,7 @@ def test_load_matches_writer(checkpoints, kind, weight_only):
                    else "dynamic" if kind == "ct_weight_only" else "static")
     for n in names:
         layer = model.get_submodule(n)
-        got = "weight_only" if getattr(layer, "weight_only", False) else "static" if layer.input_scale is not None else "dynamic"
+        got = layer.mode
         assert got == expect_mode, f"{n}: {got} != {expect_mode}"
     # fused groups share their per-tensor scales in both writers; the loader keeps them
     for group in fused_groups(names):
@@ -710,3 +692,120 @@ def test_load_on_cuda(checkpoints, kind, weight_only):
         want = on_cpu(ids).logits
     weight_only_mode = weight_only or (kind == "ct_weight_only" and weight_only is None)
     assert rel_error(got, want) < (1e-4 if weight_only_mode else 0.05)
+
+
+# ------------------------------------------------------------------ the default format (format=None)
+
+def layer_modes(model: nn.Module) -> dict[str, str]:
+    return {n: m.mode for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+
+
+def test_default_save_of_the_default_quantization(tmp_path, capsys):
+    """quantize_model(m) (dynamic W4A4) then save_pretrained(m, d): no NVFP4 format says per-call per-tensor
+    input scales, so the default picks compressed-tensors, stores the layers' tensors as weight-only
+    (NVFP4A16) and lists them under "nvfp4_gemm"; from_pretrained runs them as dynamic W4A4 again, bit for bit,
+    and a save of the reloaded model writes the same files."""
+    model = nvfp4_gemm.quantize_model(float_model(31), progress=False)
+    assert set(layer_modes(model).values()) == {"dynamic"}
+    d = tmp_path / "default"
+    save_pretrained(model, d)
+    err = capsys.readouterr().err
+    assert "save_pretrained: format='compressed-tensors'" in err and "dynamic W4A4 layer(s)" in err, err
+    cfg = json.load(open(d / "config.json"))
+    qcfg = cfg["quantization_config"]
+    assert qcfg["quant_method"] == "compressed-tensors" and not (d / "hf_quant_config.json").exists()
+    assert [g["input_activations"] for g in qcfg["config_groups"].values()] == [None]
+    assert cfg["nvfp4_gemm"] == {"dynamic_w4a4_layers": sorted(layer_modes(model))}
+    again = from_pretrained(d, progress=False)
+    assert layer_modes(again) == layer_modes(model)
+    assert_same_state(model, again)
+    ids = token_ids(3)
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+    assert set(layer_modes(from_pretrained(d, weight_only=True, progress=False)).values()) == {"weight_only"}
+    d2 = tmp_path / "again"
+    save_pretrained(again, d2, progress=False)
+    assert capsys.readouterr().err == ""
+    cfg2 = json.load(open(d2 / "config.json"))
+    assert cfg2.pop("_name_or_path") != cfg.pop("_name_or_path") and cfg2 == cfg
+    assert (d / "model.safetensors").read_bytes() == (d2 / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("mode,want", [("static", "modelopt"), ("weight_only", "modelopt"),
+                                       ("dynamic_block", "compressed-tensors"), ("mixed", "compressed-tensors")])
+def test_default_format_is_the_one_that_holds_the_model(tmp_path, caplog, mode, want):
+    """Static and weight-only models keep ModelOpt (the former default); per-block dynamic layers need
+    compressed-tensors; a mix of static and dynamic layers stores the dynamic ones weight-only there."""
+    src = float_model(32)
+    ids = token_ids(4)
+    model = nvfp4_gemm.quantize_model(src, weight_only=mode == "weight_only", progress=False,
+                                      calibrate=(lambda m: m(ids)) if mode in ("static", "mixed") else None)
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    if mode == "dynamic_block":
+        for m in layers:
+            m.set_input_amax(None)
+            m.block_scales_only = True
+    if mode == "mixed":
+        layers[-1].set_input_amax(None)
+    before = layer_modes(model)
+    d = tmp_path / mode
+    with caplog.at_level(logging.INFO, logger="nvfp4_gemm._checkpoint_save"):
+        save_pretrained(model, d, progress=False)
+    assert f"save_pretrained: format='{want}'" in caplog.text
+    assert (d / "hf_quant_config.json").exists() == (want == "modelopt")
+    cfg = json.load(open(d / "config.json"))
+    assert ("nvfp4_gemm" in cfg) == (mode == "mixed")
+    again = from_pretrained(d, progress=False, fuse=False)
+    assert layer_modes(again) == before
+    assert_same_state(model, again)
+
+
+def test_dynamic_layer_list_is_checked(tmp_path):
+    model = nvfp4_gemm.quantize_model(float_model(33), progress=False)
+    d = tmp_path / "ck"
+    save_pretrained(model, d, progress=False)
+    cfg_path = d / "config.json"
+    cfg = json.load(open(cfg_path))
+    cfg["nvfp4_gemm"] = {"dynamic_w4a4_layers": ["model.layers.0.mlp.up_proj", "model.embed_tokens"]}
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(CheckpointError, match=r"config.json: nvfp4_gemm.dynamic_w4a4_layers names 1 layer\(s\) "
+                                              r"\(e.g. 'model.embed_tokens'\) that the checkpoint does not quantize weight-only"):
+        from_pretrained(d, progress=False)
+    cfg["nvfp4_gemm"] = {"dynamic_w4a4_layers": "model.layers.0.mlp.up_proj"}
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(CheckpointError, match=r"config.json: nvfp4_gemm must be an object whose dynamic_w4a4_layers "
+                                              r"is a list of layer names"):
+        from_pretrained(d, progress=False)
+    cfg["nvfp4_gemm"] = {"dynamic_w4a4_layers": ["model.layers.0.mlp.up_proj"]}
+    json.dump(cfg, open(cfg_path, "w"))
+    modes = layer_modes(from_pretrained(d, progress=False, fuse=False))
+    assert modes.pop("model.layers.0.mlp.up_proj") == "dynamic" and set(modes.values()) == {"weight_only"}
+
+
+def test_explicit_formats_still_refuse_dynamic_layers(tmp_path):
+    model = nvfp4_gemm.quantize_model(float_model(34), progress=False)
+    for fmt in ("modelopt", "compressed-tensors"):
+        with pytest.raises(ValueError, match=r"dynamic.*the default, format=None, stores dynamic layers as "
+                                             r"weight-only and marks them"):
+            save_pretrained(model, tmp_path / fmt, format=fmt, progress=False)
+        assert not (tmp_path / fmt).exists()
+    with pytest.raises(ValueError, match=r"format must be one of .* or None \(chosen from the model\), got 'gguf'"):
+        save_pretrained(model, tmp_path / "x", format="gguf", progress=False)
+
+
+def test_from_pretrained_does_not_read_the_deprecated_torch_dtype(checkpoints, tmp_path, monkeypatch):
+    """transformers 5 prints "`torch_dtype` is deprecated!" (once per process) whenever config.torch_dtype is
+    read; a checkpoint whose config.json names no dtype must not make from_pretrained read it."""
+    from transformers import PretrainedConfig
+
+    d = _copy(checkpoints, tmp_path)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg.pop("dtype", None)
+    cfg.pop("torch_dtype", None)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    reads = []
+    prop = PretrainedConfig.torch_dtype
+    assert isinstance(prop, property)
+    monkeypatch.setattr(PretrainedConfig, "torch_dtype", property(lambda self: reads.append(1) or prop.fget(self)))
+    model = from_pretrained(d, progress=False)
+    assert not reads and model.model.embed_tokens.weight.dtype == torch.float32

@@ -13,20 +13,13 @@ import torch
 import nvfp4_gemm
 from nvfp4_gemm import autograd as nvfp4_autograd
 from nvfp4_gemm.formats import blocked_shape, dequantize, from_blocked, permuted_view, to_blocked
-from nvfp4_gemm.testing import Case, make_inputs
+from nvfp4_gemm.testing import Case, make_inputs, poison_cuda_allocator
 from conftest import requires_cuda
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_IDS = ("f16", "bf16", "f32")
 DEVICES = ("cpu", pytest.param("cuda", marks=requires_cuda))
 decode = torch.ops.nvfp4_gemm._decode
-
-
-def poison_allocator(device: str, numel: int, dtype: torch.dtype) -> None:
-    """Leave a NaN-filled block of the output's size in the caching allocator, so that an element the kernel
-    fails to write reads as NaN (the CPU allocator keeps nothing: the op's output is fresh memory there)."""
-    if device == "cuda":
-        torch.full((numel,), float("nan"), dtype=dtype, device=device)
 
 
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what) -> None:
@@ -57,7 +50,7 @@ def test_decode_matches_dequantize_bit_for_bit(device, dtype):
         nans = 0
         for i, (n, k) in enumerate(SHAPES):
             packed, sf = operand(n, k, scales, seed=100 * i + len(scales), device=device)
-            poison_allocator(device, n * k, dtype)
+            poison_cuda_allocator(n * k * dtype.itemsize, device)
             got = decode(packed, sf, dtype)
             assert got.device.type == device
             want = dequantize(packed.cpu(), sf.cpu(), k, dtype)
@@ -74,7 +67,7 @@ def test_decode_every_scale_byte_and_code(device):
     packed = ((torch.arange(n * k // 2) * 37 + 11) % 256).to(torch.uint8).reshape(n, k // 2)
     sf = to_blocked(sf_lin.view(torch.float8_e4m3fn))
     for dtype in DTYPES:
-        poison_allocator(device, n * k, dtype)
+        poison_cuda_allocator(n * k * dtype.itemsize, device)
         got = decode(packed.to(device), sf.to(device), dtype)
         assert_same_bits(got, dequantize(packed, sf, k, dtype), dtype)
 
@@ -129,7 +122,7 @@ def test_decode_views_equal_their_contiguous_copies(device):
     for name, p, sf, p_contig, sf_contig in views(device):
         k = p.shape[1] * 2
         for dtype in DTYPES:
-            poison_allocator(device, p.shape[0] * k, dtype)
+            poison_cuda_allocator(p.shape[0] * k * dtype.itemsize, device)
             got = decode(p, sf, dtype)
             assert got.is_contiguous()
             assert_same_bits(got, dequantize(p_contig.cpu().view(torch.uint8), sf_contig.cpu(), k, dtype), (name, dtype))

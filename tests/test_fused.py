@@ -22,33 +22,20 @@ from nvfp4_gemm import fused as fused_mod
 from nvfp4_gemm import nn as nn_mod
 from nvfp4_gemm.fused import FusedNVFP4Linear
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+from nvfp4_gemm.testing import MODES, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
-MODES = ("weight_only", "dynamic", "static")
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 VOCAB, HIDDEN, LAYERS = 256, 128, 2
 
 
-def tiny_config(family: str, *, kv_heads: int = 4, head_dim: int = 32):
-    """8 query heads of 32 (q: N = 256), kv_heads of head_dim (k, v: N = kv_heads * head_dim), MLP 256."""
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS,
-                  num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=head_dim,
-                  max_position_embeddings=64, tie_word_embeddings=False)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "mistral": transformers.MistralConfig}[family]
-    cfg = cls(**common)
-    cfg._attn_implementation = "sdpa"
-    return cfg
-
-
-def tiny_model(family: str, seed: int = 0, **kw) -> nn.Module:
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **kw), dtype=torch.float32).eval()
-    with torch.no_grad():  # weights of std 0.02 leave activations tiny: spread them so W4A4 rounds something
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, p.shape[1] ** -0.5)
+def tiny_model(family: str, seed: int = 0, *, kv_heads: int = 4, head_dim: int = 32) -> nn.Module:
+    """8 query heads of head_dim (q: N = 256 at 32), kv_heads of head_dim (k, v: N = kv_heads * head_dim), MLP 256;
+    weights of gain 1 (transformers' std 0.02 leaves activations tiny: W4A4 would round nothing)."""
+    model = tiny_causal_lm(family, seed, init="unit_gain", attn_implementation="sdpa", vocab_size=VOCAB,
+                           hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=8,
+                           num_key_value_heads=kv_heads, head_dim=head_dim, dtype="float32")
     if family == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q/k/v carry biases
     return model
@@ -148,12 +135,10 @@ def logits(model, ids) -> torch.Tensor:
 FUSED_GEMMS, UNFUSED_GEMMS = LAYERS * 4 + 1, LAYERS * 7 + 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
-    model, plain = quantized_pair(family, mode)
-    fused_parts = [m for m in model.modules() if isinstance(m, FusedNVFP4Linear)]
-    assert len(fused_parts) == LAYERS * 5
+def assert_fused_logits_equal(model, plain, monkeypatch) -> torch.Tensor:
+    """The fused model runs FUSED_GEMMS GEMMs where its unfused copy runs UNFUSED_GEMMS, the logits are the
+    same bit for bit (and finite), and nothing stays in a group's slot afterwards (no tensor is kept across
+    forwards). Returns the logits."""
     ids = token_ids()
     count = CountGemms(monkeypatch)
     want = logits(plain, ids)
@@ -163,8 +148,16 @@ def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
     assert count.calls == FUSED_GEMMS
     assert torch.isfinite(want).all()
     assert torch.equal(got, want)
-    # Nothing stays in a slot after the forward (no tensor is kept across forwards).
-    assert all(p._group.slot is None for p in fused_parts)
+    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+    return got
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_logits_bit_identical_eager(family, mode, monkeypatch):
+    model, plain = quantized_pair(family, mode)
+    assert sum(isinstance(m, FusedNVFP4Linear) for m in model.modules()) == LAYERS * 5
+    assert_fused_logits_equal(model, plain, monkeypatch)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -175,16 +168,7 @@ def test_groups_with_own_scales_fuse_bit_identical(family, dtype, mode, monkeypa
     the logits bit for bit the unfused ones (fp16 / bf16 / fp32, with and without biases), the state_dict
     the unfused one's."""
     model, plain = own_scales_pair(family, mode, dtype)
-    ids = token_ids()
-    count = CountGemms(monkeypatch)
-    want = logits(plain, ids)
-    assert count.calls == UNFUSED_GEMMS
-    count.calls = 0
-    got = logits(model, ids)
-    assert count.calls == FUSED_GEMMS
-    assert want.dtype == dtype and torch.isfinite(want).all()
-    assert torch.equal(got, want)
-    assert all(p._group.slot is None for p in model.modules() if isinstance(p, FusedNVFP4Linear))
+    assert assert_fused_logits_equal(model, plain, monkeypatch).dtype == dtype
     sd, ref = model.state_dict(), plain.state_dict()
     assert list(sd) == list(ref) and all(sd[k].dtype == ref[k].dtype and torch.equal(sd[k], ref[k]) for k in sd)
 
@@ -251,6 +235,27 @@ def test_linear_parts_equal_each_part_alone(device, mode, dtype, bias):
                 assert torch.equal(got, want), tuple(x.shape)
             else:
                 torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("mode", ("weight_only", "dynamic", "static"))
+@pytest.mark.parametrize("x_dtype", (torch.float16, torch.bfloat16, torch.float32))
+def test_linear_parts_adds_the_bias_as_the_op_does(mode, x_dtype):
+    """linear_parts' epilogue (the fp32 product, the bias added as it is when float32 / float16 / bfloat16 and
+    rounded to float32 first otherwise, one rounding to x's dtype) against nvfp4_gemm.linear's own
+    (csrc/bindings/linear.cpp, finish_linear) for every bias dtype: one part, so the same GEMM, bit for bit."""
+    parts, _ = fused_parts_inputs("cpu", mode, torch.float32, True, sizes=(128,))
+    p = parts[0]
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(5, 256, generator=g) * 2).to(x_dtype)
+    for bias_dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        # wide values: a float64 bias that float32 cannot hold, a bfloat16 one that float16 cannot
+        bias = (torch.randn(128, generator=g, dtype=torch.float64) * 1e3 + 1e-9).to(bias_dtype)
+        want = nvfp4_gemm.linear(x, p.weight, p.weight_scale, p.weight_scale_2, p.input_scale, bias,
+                                 weight_only=p.weight_only)
+        got = fused_mod.linear_parts(x, p.weight, p.weight_scale, [p.weight_scale_2], [128], p.input_scale, bias,
+                                     p.weight_only)
+        assert got.dtype == want.dtype == x_dtype
+        assert torch.equal(got, want), bias_dtype
 
 
 def test_quantize_model_shares_group_scale_only_when_fusing():

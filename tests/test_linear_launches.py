@@ -22,12 +22,12 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import nvfp4_gemm
+from nvfp4_gemm.testing import MODES
 from conftest import requires_cuda
 from test_nn import layer_for, make_activations, make_linear
 
 pytestmark = requires_cuda
 
-MODES = ("dynamic", "static", "weight_only")
 
 
 def on_sm90() -> bool:

@@ -12,10 +12,11 @@ import torch
 
 import nvfp4_gemm
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+from nvfp4_gemm.testing import MODES
+from conftest import skip_refused_weight_only_float32
 from test_weight_only import assert_within_spec
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-MODES = ("weight_only", "static", "dynamic")
 
 
 def make_layer(n: int, k: int, device, seed: int, bias_dtype=None) -> dict:
@@ -62,8 +63,7 @@ def composed(x, layer, mode, input_scale=None):
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_linear_equals_composed_ops(backend, mode, dtype, bias):
     name, device = backend
-    if mode == "weight_only" and dtype == F32 and name in ("sm90", "sm100"):
-        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
+    skip_refused_weight_only_float32(name, mode, dtype)
     seed = zlib.crc32(f"{mode}-{dtype}-{bias}".encode())
     layer = make_layer(72, 96, device, seed, bias_dtype=dtype if bias else None)
     x = make_x((3, 11, 96), dtype, device, seed + 1)
@@ -89,8 +89,7 @@ def test_linear_equals_composed_ops_at_decode_shapes(backend, mode, dtype, m):
     fly there; linear's W4A4 quantizes x into the call's workspace first (csrc/sm90/backend.cu, run_wk). Still
     quantize + mm bit for bit, within SPEC.md's bound, with several K splits (K = 1024 on 264 rows)."""
     name, device = backend
-    if mode == "weight_only" and dtype == F32 and name in ("sm90", "sm100"):
-        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
+    skip_refused_weight_only_float32(name, mode, dtype)
     seed = zlib.crc32(f"decode-{mode}-{dtype}-{m}".encode())
     layer = make_layer(264, 1024, device, seed)
     x = make_x((m, 1024), dtype, device, seed + 1)

@@ -16,6 +16,7 @@ import torch
 
 import nvfp4_gemm
 from nvfp4_gemm.testing import (
+    MODES,
     Case,
     Reference,
     case_seed,
@@ -23,8 +24,9 @@ from nvfp4_gemm.testing import (
     forced_entry,
     make_inputs,
     run_dispatch_entries,
+    spread_activations,
 )
-from test_linear_op import MODES, call, composed, make_layer, make_x
+from test_linear_op import call, composed, make_layer, make_x
 
 _count = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(_count < 2, reason=f"needs >= 2 CUDA devices, this machine has {_count}")
@@ -141,8 +143,7 @@ WO_CASES = (Case(7, 136, 544), Case(300, 512, 2080, torch.bfloat16, alpha=0.5))
 
 def _weight_only_inputs(case: Case, dev: torch.device, a_dtype: torch.dtype) -> dict:
     inputs = make_inputs(case, dev, seed=case_seed(case))
-    g = torch.Generator().manual_seed(case_seed(case) + 1)
-    a = torch.randn(case.m, case.k, generator=g) * torch.exp2(torch.randint(-4, 4, (case.m, case.k), generator=g))
+    a = spread_activations(case.m, case.k, case_seed(case) + 1)
     return dict(inputs, a=a.to(a_dtype).to(dev), sfa=None)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import zlib
 
 import pytest
 import torch
@@ -14,20 +13,15 @@ from torch import nn
 
 from nvfp4_gemm import NVFP4Linear, quantize_model
 from nvfp4_gemm.formats import dequantize
-from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from nvfp4_gemm.testing import MODES, SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, seed_of
+from conftest import skip_refused_weight_only_float32
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dynamic", "static", "weight_only")
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Per-tensor amaxes with 2688 / amax a power of two: the decode scales amax / 2688 are then exact, so torchao
 # (which divides by the decode scale) and the layer (which multiplies by the encode scale) round the same.
 W_AMAX = 2688.0 / 8192   # weight decode scale 2^-13
 X_AMAX = 2688.0 / 256    # activation decode scale 2^-8
-
-
-def case_seed(*parts) -> int:
-    """A seed fixed by the case's parameters (replayable, unlike hash())."""
-    return zlib.crc32(repr(parts).encode())
 
 
 # ---- independent decoding (SPEC.md's definitions, written out here) -------------------------------------
@@ -131,7 +125,7 @@ def test_from_linear_buffers_match_torchao(dtype):
     """The weight buffers are torchao's NVFP4 quantization of the weight (swizzled scales = the blocked layout)."""
     ao = torchao_module()
     n, k = 136, 96  # N > 128 and K/16 = 6: both paddings of the blocked layout
-    lin = make_linear(k, n, True, dtype, case_seed("from_linear", dtype))
+    lin = make_linear(k, n, True, dtype, seed_of("from_linear", dtype))
     layer = NVFP4Linear.from_linear(lin)
     t = ao.NVFP4Tensor.to_nvfp4(lin.weight.detach().float(), per_tensor_scale=torch.tensor(W_AMAX / 2688),
                                 is_swizzled_scales=True)
@@ -163,10 +157,9 @@ def test_forward_matches_float64_reference(backend, mode, dtype, bias):
     """y against float64 math on torchao-quantized operands: W4A4 quantizes x with the static (2^-7) or
     dynamic (amax 2688 * 2^-8) decode scale; weight-only multiplies x as given."""
     name, device = backend
-    if mode == "weight_only" and dtype == torch.float32 and name in ("sm90", "sm100"):
-        pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
+    skip_refused_weight_only_float32(name, mode, dtype)
     k, n = 96, 40
-    seed = case_seed("forward", mode, dtype, bias)
+    seed = seed_of("forward", mode, dtype, bias)
     lin = make_linear(k, n, bias, dtype, seed)
     x = make_activations(2 * 3 * 5, k, dtype, seed + 2).reshape(2, 3, 5, k)
     layer = layer_for(mode, lin).to(device)
@@ -241,7 +234,7 @@ def handmade_checkpoint(n: int, k: int, prefix: str, seed: int, input_scale: flo
 @pytest.mark.parametrize("mode", MODES)
 def test_from_modelopt_handmade_bytes(mode, dtype):
     n, k, p = 48, 160, "model.layers.0.mlp.up_proj."
-    seed = case_seed("modelopt", mode, dtype)
+    seed = seed_of("modelopt", mode, dtype)
     sd = handmade_checkpoint(n, k, p, seed, None if mode == "dynamic" else 2.0**-7)
     layer = NVFP4Linear.from_modelopt(sd, p.rstrip("."), weight_only=mode == "weight_only")
     assert layer.weight_only == (mode == "weight_only")
@@ -296,7 +289,7 @@ def test_from_modelopt_with_modelopt_quantized_weight():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_state_dict_round_trip(mode):
-    lin = make_linear(96, 48, True, torch.float32, case_seed("state_dict", mode))
+    lin = make_linear(96, 48, True, torch.float32, seed_of("state_dict", mode))
     layer = layer_for(mode, lin)
     buf = io.BytesIO()
     torch.save(layer.state_dict(), buf)

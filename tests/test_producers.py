@@ -52,14 +52,6 @@ HAVE_MODELOPT = importlib.util.find_spec("modelopt") is not None
 E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
 
 
-def mode_of(layer: NVFP4Linear) -> str:
-    if layer.weight_only:
-        return "weight_only"
-    if layer.input_scale is not None:
-        return "static"
-    return "dynamic_block" if layer.block_scales_only else "dynamic"
-
-
 def path(name: str) -> str:
     return os.path.join(FIXTURES, name)
 
@@ -242,7 +234,7 @@ def test_producer_checkpoint_loads_every_layer(name):
     model = from_pretrained(d, progress=False)
     names = quantized_names(t)
     assert len(names) == N_QUANTIZED and type(model.lm_head) is nn.Linear
-    got = {n: mode_of(m) for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    got = {n: m.mode for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     assert sorted(got) == names, "every layer the producer quantized, and no other, is an NVFP4Linear"
     assert set(got.values()) == {MODE[name]}, got
     ct = is_ct(d)
@@ -376,32 +368,84 @@ def test_our_compressed_tensors_checkpoint_in_their_reader(tmp_path, mode):
         print(f"ours saved {mode}: every layer within SPEC.md's bound of compressed-tensors' numerics, {flips} ties")
 
 
-def test_our_modelopt_checkpoint_through_the_compressed_tensors_converter(tmp_path):
-    """compressed-tensors' ModelOpt NVFP4 converter, given our export's exclude_modules as its ignore list,
-    turns our static W4A4 ModelOpt checkpoint into a compressed-tensors one that transformers loads with our
-    numbers (layer by layer, their fake quantization)."""
-    if not HAVE_CT:
-        pytest.skip(NO_CT)
-    try:
-        from compressed_tensors.entrypoints.convert import ModelOptNvfp4Converter
-    except ImportError as e:
-        pytest.skip(f"this compressed-tensors has no ModelOpt converter ({e})")
-    model = from_pretrained(path("modelopt-nvfp4"), progress=False)
-    src = str(tmp_path / "modelopt")
-    save_pretrained(model, src, format="modelopt", progress=False)
+def convert_modelopt(src: str, d: str, *, input_activations=...) -> dict[str, torch.Tensor]:
+    """compressed-tensors' ModelOpt NVFP4 converter run on the checkpoint `src` as its entrypoint runs it (our
+    export's exclude_modules as its ignore list), written to `d` as a compressed-tensors checkpoint; the
+    converted tensors. input_activations, when given, replaces what the converter's config says of them."""
+    from compressed_tensors.entrypoints.convert import ModelOptNvfp4Converter
+
     hf = json.load(open(os.path.join(src, "hf_quant_config.json")))["quantization"]
     conv = ModelOptNvfp4Converter(ignore=hf["exclude_modules"], targets=["Linear"])
     converted = conv.validate(tensors(src))
-    d = str(tmp_path / "converted")
     os.makedirs(d)
     save_file(converted, os.path.join(d, "model.safetensors"))
     cfg = json.load(open(os.path.join(src, "config.json")))
     cfg["quantization_config"] = conv.update_config(None).model_dump(mode="json")
     cfg["quantization_config"]["quant_method"] = "compressed-tensors"
+    if input_activations is not ...:
+        for g in cfg["quantization_config"]["config_groups"].values():
+            g["input_activations"] = input_activations
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    return converted
+
+
+def skip_without_converter() -> None:
+    if not HAVE_CT:
+        pytest.skip(NO_CT)
+    try:
+        from compressed_tensors.entrypoints.convert import ModelOptNvfp4Converter  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"this compressed-tensors has no ModelOpt converter ({e})")
+
+
+def test_our_modelopt_checkpoint_through_the_compressed_tensors_converter(tmp_path):
+    """compressed-tensors' ModelOpt NVFP4 converter, given our export's exclude_modules as its ignore list,
+    turns our static W4A4 ModelOpt checkpoint into a compressed-tensors one that transformers loads with our
+    numbers (layer by layer, their fake quantization)."""
+    skip_without_converter()
+    model = from_pretrained(path("modelopt-nvfp4"), progress=False)
+    src = str(tmp_path / "modelopt")
+    save_pretrained(model, src, format="modelopt", progress=False)
+    d = str(tmp_path / "converted")
+    converted = convert_modelopt(src, d)
     assert not any(k.startswith("model.embed_tokens.") and k != "model.embed_tokens.weight" for k in converted)
     producer_float_model(d)  # loads; bf16 weights = the converter's tensors decoded
     check_w4a4_against_producer(d, model, token_ids(3))
+
+
+def test_weight_only_modelopt_through_the_converter_is_their_defect(tmp_path):
+    """A weight-only (W4A16_NVFP4) ModelOpt checkpoint through compressed-tensors' ModelOpt converter reads
+    back in transformers as NaN logits. Whose defect: ModelOpt's OWN weight-only export converts the same way
+    as ours (both say W4A16_NVFP4 and hold no input_scale, as test_our_modelopt_export_follows_modelopt
+    checks): the converter writes its W4A4 NVFP4 scheme whatever the source's quant_algo, whose inputs need
+    an input_global_scale that no tensor provides, and transformers leaves that parameter uninitialized.
+    Their reader takes the converted tensors with the NVFP4A16 scheme (input_activations null) and then runs
+    our weight-only save with our numbers (docs/CHECKPOINTS.md)."""
+    skip_without_converter()
+    from transformers import AutoModelForCausalLM
+
+    model = from_pretrained(path("modelopt-w4a16-nvfp4"), progress=False)
+    ours = str(tmp_path / "ours")
+    save_pretrained(model, ours, format="modelopt", progress=False)
+    for name, src in (("theirs", path("modelopt-w4a16-nvfp4")), ("ours", ours)):
+        assert json.load(open(os.path.join(src, "hf_quant_config.json")))["quantization"]["quant_algo"] == "W4A16_NVFP4"
+        d = str(tmp_path / f"{name}-as-converted")
+        converted = convert_modelopt(src, d)
+        groups = json.load(open(os.path.join(d, "config.json")))["quantization_config"]["config_groups"]
+        assert all(g["input_activations"] is not None for g in groups.values()), name  # the W4A4 scheme
+        assert not any(k.endswith(("input_scale", "input_global_scale")) for k in converted), name
+    d = str(tmp_path / "as-nvfp4a16")
+    converted = convert_modelopt(ours, d, input_activations=None)
+    # transformers >= 5.2x refuses the converter's 0-d global scales (compressed-tensors registers [1])
+    save_file({k: v.reshape(1) if v.dim() == 0 else v for k, v in converted.items()}, os.path.join(d, "model.safetensors"))
+    theirs = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        want = model.to(torch.bfloat16)(token_ids()).logits
+        got = theirs(token_ids()).logits
+    err = rel_error(got, want)
+    print(f"ours saved weight-only as ModelOpt, converted with input_activations null, run by transformers + "
+          f"compressed-tensors in bf16: logits relative error {err:.2e}")
+    assert torch.isfinite(got).all() and err < 2e-2
 
 
 def test_our_modelopt_export_follows_modelopt(tmp_path):
@@ -434,8 +478,8 @@ def test_our_modelopt_export_follows_modelopt(tmp_path):
     assert {v["quant_algo"] for k, v in q["quantized_layers"].items() if k.endswith("down_proj")} == {"W4A16_NVFP4"}
     assert len(q["quantized_layers"]) == N_QUANTIZED
     again = from_pretrained(tmp_path / "mixed", progress=False)
-    assert {n: mode_of(m) for n, m in again.named_modules() if isinstance(m, NVFP4Linear)} == \
-        {n: mode_of(m) for n, m in mixed.named_modules() if isinstance(m, NVFP4Linear)}
+    assert {n: m.mode for n, m in again.named_modules() if isinstance(m, NVFP4Linear)} == \
+        {n: m.mode for n, m in mixed.named_modules() if isinstance(m, NVFP4Linear)}
 
 
 def test_writer_refuses_what_a_format_cannot_say(tmp_path):
@@ -466,7 +510,7 @@ def test_weight_only_load_of_modelopt_nvfp4_without_input_scales(tmp_path):
     t = {k: v for k, v in tensors(path("modelopt-nvfp4")).items() if not k.endswith(".input_scale")}
     save_file(t, str(d / "model.safetensors"))
     model = from_pretrained(d, weight_only=True, progress=False)
-    assert {mode_of(m) for m in model.modules() if isinstance(m, NVFP4Linear)} == {"weight_only"}
+    assert {m.mode for m in model.modules() if isinstance(m, NVFP4Linear)} == {"weight_only"}
     with pytest.raises(nvfp4_gemm.checkpoint.CheckpointError, match=r"input_scale' is missing"):
         from_pretrained(d, progress=False)
 

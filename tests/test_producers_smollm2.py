@@ -105,7 +105,7 @@ def test_smollm2_modelopt_export_loads_every_layer(exported, name):
     assert len(names) == N_QUANTIZED, len(names)
     model = from_pretrained(d, progress=False)
     assert type(model.lm_head) is nn.Linear
-    got = {n: tp.mode_of(m) for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    got = {n: m.mode for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     assert sorted(got) == names, "every layer ModelOpt quantized, and no other, is an NVFP4Linear"
     assert set(got.values()) == {mode}, set(got.values())
     exponents = set()

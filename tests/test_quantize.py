@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -158,22 +161,28 @@ def test_e2m1_rounding_near_every_midpoint():
         assert torch.equal(got, want.to(torch.uint8)), (impl.__name__, q[got != want], got[got != want])
 
 
+def run_host_program(name: str, *flags: str) -> subprocess.CompletedProcess:
+    """Builds tests/quant_host/<name>.cpp (C++17, csrc on the include path, `flags`) and runs it; skipped where
+    no C++ compiler is on PATH, or where `flags` ask for AddressSanitizer and the compiler has no runtime."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip(f"no C++ compiler on PATH to build tests/quant_host/{name}.cpp")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, name)
+        build = subprocess.run([cxx, *flags, "-std=c++17", "-I", os.path.join(here, "..", "csrc"),
+                                os.path.join(here, "quant_host", f"{name}.cpp"), "-o", exe],
+                               capture_output=True, text=True)
+        if build.returncode != 0 and "-fsanitize=address" in flags and "asan" in build.stderr.lower():
+            pytest.skip(f"this compiler has no AddressSanitizer runtime: {build.stderr[-300:]}")
+        assert build.returncode == 0, build.stderr
+        return subprocess.run([exe], capture_output=True, text=True)
+
+
 def test_e2m1_rounding_exhaustive_host():
     """recipe.h's bit-trick e2m1 rounding against the midpoint definition for all 2^31 non-negative fp32
     bit patterns (a ~15 s host program)."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH to build tests/quant_host/e2m1_exhaustive.cpp")
-    here = os.path.dirname(os.path.abspath(__file__))
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "e2m1_exhaustive")
-        subprocess.run([cxx, "-O2", "-std=c++17", "-I", os.path.join(here, "..", "csrc"),
-                        os.path.join(here, "quant_host", "e2m1_exhaustive.cpp"), "-o", exe], check=True)
-        run = subprocess.run([exe], capture_output=True, text=True)
+    run = run_host_program("e2m1_exhaustive", "-O2")
     assert run.returncode == 0 and "mismatches=0" in run.stdout, run.stdout + run.stderr
 
 
@@ -181,24 +190,7 @@ def test_mse_search_table_in_bounds_asan():
     """mse_search.h (the search both quantize_mse backends run) under AddressSanitizer, with a heap table of
     exactly 128 candidate scales and every kind of encode scale, the refused ones included (negative, -0,
     NaN, inf): no lookup leaves the table (tests/quant_host/mse_search_asan.cpp; a few seconds)."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH to build tests/quant_host/mse_search_asan.cpp")
-    here = os.path.dirname(os.path.abspath(__file__))
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "mse_search_asan")
-        build = subprocess.run([cxx, "-O1", "-g", "-std=c++17", "-fsanitize=address", "-fno-omit-frame-pointer",
-                                "-I", os.path.join(here, "..", "csrc"),
-                                os.path.join(here, "quant_host", "mse_search_asan.cpp"), "-o", exe],
-                               capture_output=True, text=True)
-        if build.returncode != 0 and "asan" in build.stderr.lower():
-            pytest.skip(f"this compiler has no AddressSanitizer runtime: {build.stderr[-300:]}")
-        assert build.returncode == 0, build.stderr
-        run = subprocess.run([exe], capture_output=True, text=True)
+    run = run_host_program("mse_search_asan", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer")
     assert run.returncode == 0 and "blocks=" in run.stdout, run.stdout + run.stderr
 
 

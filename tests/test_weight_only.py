@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nvfp4_gemm
-from nvfp4_gemm.testing import Case, Reference, make_inputs
+from nvfp4_gemm.testing import Case, Reference, make_inputs, spread_activations
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -40,9 +40,7 @@ def make_weight_only(case: WCase, device) -> dict:
     """B and its scales from the shared generator; A spread over eight binades, both signs, some zeros."""
     packed = make_inputs(Case(case.m, case.n, case.k, sf_view=case.sf_view, scales=case.scales), device,
                          seed=case.seed)
-    g = torch.Generator().manual_seed(case.seed + 1)
-    a = torch.randn(case.m, case.k, generator=g) * torch.exp2(torch.randint(-4, 4, (case.m, case.k), generator=g).float())
-    a[torch.rand(case.m, case.k, generator=g) < 0.05] = 0.0
+    a = spread_activations(case.m, case.k, case.seed + 1, zero_fraction=0.05)
     alpha = None if case.alpha is None else torch.tensor([case.alpha], dtype=F32, device=device)
     return dict(a=a.to(case.a_dtype).to(device), b=packed["b"], sfa=None, sfb=packed["sfb"], alpha=alpha,
                 out_dtype=case.out_dtype)

@@ -1,0 +1,623 @@
+"""NVFP4 experts for transformers' mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3).
+
+    nvfp4_gemm.quantize_model(model)                  # also swaps every experts module (quantize_experts)
+    nvfp4_gemm.moe.quantize_experts(model, weight_only=True)
+
+transformers 5 keeps a MoE layer's routed experts in one module (`mlp.experts`, decorated with
+`use_experts_implementation`) holding two 3-D parameters, `gate_up_proj [E, 2I, H]` (gate = the first I rows)
+and `down_proj [E, H, I]`, called as `experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`
+by its MoE block after the router. NVFP4Experts replaces that module in place (as NVFP4Linear replaces
+nn.Linear): the router (`mlp.gate`) and everything around the experts stay as transformers has them, hooks on
+the MoE block keep working, and the experts' forward has the same signature. Shared experts (Qwen2-MoE's
+`shared_expert`, DeepSeek-V3's `shared_experts`) are ordinary MLPs of nn.Linear layers: quantize_model turns
+them into NVFP4Linear like any other.
+
+Buffers (state_dict; E experts, H hidden, I intermediate):
+    gate_up_proj                uint8 [E, 2I, H/2]        packed e2m1, gate rows first
+    gate_up_proj_weight_scale   float8_e4m3fn [E, S1]     each expert's blocked [2I, H/16] scales
+    gate_up_proj_weight_scale_2 float32 [E, 2]            per expert, per part (gate, up): weight DECODE scale
+    gate_up_proj_input_scale    float32 [E, 2]            static W4A4 only: per expert, per part input decode scale
+    down_proj                   uint8 [E, H, I/2]
+    down_proj_weight_scale      float8_e4m3fn [E, S2]     each expert's blocked [H, I/16] scales
+    down_proj_weight_scale_2    float32 [E]
+    down_proj_input_scale       float32 [E]               static W4A4 only
+Each expert keeps its own per-tensor scales; gate and up of one expert may share theirs (quantize_model does,
+as ModelOpt's and llm-compressor's exports do) or not (a checkpoint that did not).
+
+Forward, all on the device, no host sync (CUDA-graph and torch.compile safe):
+    route   the T*k (token, expert) pairs sorted by expert (stable), counts per expert, offs = cumsum
+    gate_up grouped GEMM of the gathered rows: [S, 2I]; SiLU(gate) * up in x's dtype (transformers' order)
+    down    grouped GEMM: [S, H]; times the top-k weight in fp32, the k rows of a token summed in fp32,
+            rounded once to x's dtype (transformers' grouped_mm backend sums the same way)
+Modes (as NVFP4Linear's, per expert):
+  * weight-only: the GEMMs read x / the intermediate in their float dtype; alpha = weight_scale_2 of the expert.
+  * static W4A4: each row is quantized with its expert's input scale (encode 1 / input_scale); alpha =
+    fl(input_scale * weight_scale_2) of the expert, formed as nvfp4_gemm.linear forms it.
+  * dynamic W4A4: one encode scale per call and GEMM, 2688 / the finite amax of that GEMM's whole input (the
+    T tokens for gate_up, the S intermediate rows for down), as a dynamic NVFP4Linear called on that tensor.
+In every mode row t of expert e is bit for bit what NVFP4Linear of expert e's weights computes for it (the
+tests check quantize-then-mm per expert). Where gate and up of an expert have different weight_scale_2 (or
+different static input scales) the gate_up GEMM runs into float32 without alpha and each part's columns are
+multiplied by that part's own alpha before the one rounding (nvfp4_gemm.fused's per-part recipe): never one
+scale used for both.
+Where one encode scale serves every row (dynamic, or static with one input scale for all experts, which is
+how ModelOpt calibrates experts), the T tokens are quantized once (the native quantize op) and the packed
+rows gathered, instead of quantizing the k-times larger gathered copy.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from torch import nn
+
+from . import methods
+from .formats import blocked_shape, from_blocked, to_blocked
+from .grouped import quantize_grouped, to_blocked_grouped
+from .nn import check_method
+from .quantize import E2M1_MAX, E4M3_MAX, finite_amax, global_encode_scale, quantize
+
+log = logging.getLogger(__name__)
+
+# transformers model package -> the family's name (the experts modules whose forward was read: transformers 5.17
+# to 5.23 Qwen3MoeExperts, Qwen2MoeExperts, MixtralExperts, DeepseekV3Experts, all the same computation)
+FAMILIES = {"qwen3_moe": "Qwen3-MoE", "qwen2_moe": "Qwen2-MoE", "mixtral": "Mixtral", "deepseek_v3": "DeepSeek-V3"}
+_MODEL_PACKAGE = re.compile(r"transformers\.models\.(\w+)\.modeling_")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which modules are experts
+
+
+def looks_like_experts(mod: nn.Module) -> bool:
+    """A transformers-5 experts module: 3-D gate_up_proj [E, 2I, H] and down_proj [E, H, I] parameters."""
+    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    return (isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and not isinstance(mod, NVFP4Experts)
+            and gu.dim() == 3 and dn.dim() == 3)
+
+
+def family_of(mod: nn.Module) -> str | None:
+    m = _MODEL_PACKAGE.match(type(mod).__module__ or "")
+    return m.group(1) if m else None
+
+
+def unsupported_reason(mod: nn.Module) -> str | None:
+    """None if NVFP4Experts can replace this experts module, else why not (for the error message)."""
+    fam = family_of(mod)
+    if fam not in FAMILIES:
+        return (f"{type(mod).__name__} ({type(mod).__module__}) is not of a supported MoE family; NVFP4 experts "
+                f"support {', '.join(FAMILIES.values())}")
+    for flag, bad in (("has_bias", True), ("has_gate", False), ("is_transposed", True),
+                      ("is_concatenated", False), ("has_post_expert_norm", True)):
+        if getattr(mod, flag, not bad) == bad:
+            return f"{type(mod).__name__} has {flag}={bad}; NVFP4 experts run gated, concatenated, untransposed experts"
+    e, n2, h = mod.gate_up_proj.shape
+    if tuple(mod.down_proj.shape) != (e, h, n2 // 2) or n2 % 2:
+        return (f"expert shapes gate_up_proj {tuple(mod.gate_up_proj.shape)} / down_proj "
+                f"{tuple(mod.down_proj.shape)} are not [E, 2I, H] / [E, H, I]")
+    return shape_problem(h, n2 // 2)
+
+
+def shape_problem(hidden: int, inter: int) -> str | None:
+    """The kernels' rules for both expert GEMMs: K % 32 == 0 (H for gate_up, I for down), N % 8 == 0."""
+    for what, k in (("hidden size H (gate_up's K)", hidden), ("intermediate size I (down's K)", inter)):
+        if k <= 0 or k % 32:
+            return f"the {what} must be a positive multiple of 32, got {k}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The module
+
+
+class NVFP4Experts(nn.Module):
+    """Routed experts in NVFP4 (module docstring): a drop-in for transformers' experts modules."""
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, *, act_fn: nn.Module | None = None,
+                 weight_only: bool = False, static_input_scale: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        why = shape_problem(hidden_dim, intermediate_dim)
+        if why:
+            raise ValueError(f"NVFP4Experts: {why}")
+        if num_experts <= 0:
+            raise ValueError(f"NVFP4Experts: num_experts must be positive, got {num_experts}")
+        if weight_only and static_input_scale:
+            raise ValueError("NVFP4Experts: weight_only experts have no input scale; static_input_scale must be False")
+        e, h, i = num_experts, hidden_dim, intermediate_dim
+        self.num_experts, self.hidden_dim, self.intermediate_dim = e, h, i
+        self.weight_only = bool(weight_only)
+        self.act_fn = act_fn if act_fn is not None else nn.SiLU()
+        s1, s2 = blocked_shape(2 * i, h), blocked_shape(h, i)
+        self.register_buffer("gate_up_proj", torch.zeros(e, 2 * i, h // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("gate_up_proj_weight_scale",
+                             torch.zeros(e, s1[0] * s1[1], dtype=torch.float8_e4m3fn, device=device))
+        self.register_buffer("gate_up_proj_weight_scale_2", torch.ones(e, 2, dtype=torch.float32, device=device))
+        self.register_buffer("gate_up_proj_input_scale",
+                             torch.ones(e, 2, dtype=torch.float32, device=device) if static_input_scale else None)
+        self.register_buffer("down_proj", torch.zeros(e, h, i // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("down_proj_weight_scale",
+                             torch.zeros(e, s2[0] * s2[1], dtype=torch.float8_e4m3fn, device=device))
+        self.register_buffer("down_proj_weight_scale_2", torch.ones(e, dtype=torch.float32, device=device))
+        self.register_buffer("down_proj_input_scale",
+                             torch.ones(e, dtype=torch.float32, device=device) if static_input_scale else None)
+        self._plan: dict | None = None
+        self.register_load_state_dict_post_hook(_refresh_after_load)
+
+    # -- the host-side plan: which recipe each GEMM runs (read from the scales once, never in forward)
+
+    @property
+    def static_input_scale(self) -> bool:
+        return self.gate_up_proj_input_scale is not None
+
+    def refresh(self) -> None:
+        """Re-reads the per-tensor scales into the plan forward follows (a host sync). Called after
+        construction by the builders and after load_state_dict; call it after changing a scale in place."""
+        ws2 = self.gate_up_proj_weight_scale_2
+        inp = self.gate_up_proj_input_scale
+        dinp = self.down_proj_input_scale
+        if any(t is not None and t.is_meta for t in (ws2, inp, dinp)):
+            self._plan = None
+            return
+        parts_differ = not torch.equal(ws2[:, 0], ws2[:, 1])
+        inputs_differ = inp is not None and not torch.equal(inp[:, 0], inp[:, 1])
+        self._plan = {
+            # gate and up run with their own alphas (fp32 GEMM, per-part columns) where anything differs
+            "own_alphas": parts_differ or inputs_differ,
+            "split_inputs": inputs_differ,
+            # one input scale for every expert: quantize the T tokens once, gather packed rows
+            "gate_up_uniform": inp is None or bool((inp == inp[0, 0]).all()),
+            "down_uniform": dinp is None or bool((dinp == dinp[0]).all()),
+        }
+
+    def plan(self) -> dict:
+        if self._plan is None:
+            self.refresh()
+        if self._plan is None:
+            raise RuntimeError("NVFP4Experts: the scales are on the meta device (load them first)")
+        return self._plan
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # As NVFP4Linear: a saved static module loads into a fresh dynamic one (the checkpoint decides the mode).
+        if prefix + "gate_up_proj_input_scale" in state_dict and self.gate_up_proj_input_scale is None \
+                and not self.weight_only:
+            dev = self.gate_up_proj.device
+            self.gate_up_proj_input_scale = torch.ones(self.num_experts, 2, dtype=torch.float32, device=dev)
+            self.down_proj_input_scale = torch.ones(self.num_experts, dtype=torch.float32, device=dev)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _apply(self, fn, recurse=True):
+        # Casts (.half(), .to(dtype)) leave the format buffers as they are; device moves move them.
+        for name, t in list(self._buffers.items()):
+            if t is None:
+                continue
+            probe = fn(t.new_empty(0))
+            self._buffers[name] = fn(t) if probe.dtype == t.dtype else t.to(probe.device)
+        for m in self.children():
+            m._apply(fn, recurse)
+        return self
+
+    def extra_repr(self) -> str:
+        mode = "weight_only" if self.weight_only else "static" if self.static_input_scale else "dynamic"
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, mode={mode}")
+
+    # -- building
+
+    @classmethod
+    def from_float(cls, experts: nn.Module, *, weight_only: bool = False, method: str = "rtn",
+                   share_gate_up: bool = True, stats: "ExpertStats | None" = None) -> "NVFP4Experts":
+        """Quantizes a transformers experts module on its device, expert by expert (method: rtn / mse / gptq,
+        nvfp4_gemm.methods.quantize_weight). share_gate_up: gate and up of an expert get one per-tensor scale
+        (the method's choice over the [2I, H] matrix), else each its own. stats: calibration of this module
+        (ExpertStats): static input scales from its amaxes (unless weight_only), the Hessians / their
+        diagonals for gptq / mse; experts the calibration never routed a token to keep dynamic-free defaults:
+        their amax is 0, so their static input scale is the smallest one (they have no inputs to fit)."""
+        check_method(method)
+
+        def _quantize_weight(w, m, hessian):
+            return methods.quantize_weight(w, m, **({} if hessian is None else {"hessian": hessian}))
+
+        why = unsupported_reason(experts)
+        if why:
+            raise ValueError(f"NVFP4Experts.from_float: {why}")
+        gu, dn = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        e, n2, h = gu.shape
+        i = n2 // 2
+        static = stats is not None and stats.amax_in is not None and not weight_only
+        if method == "gptq" and (stats is None or stats.hessian_in is None):
+            raise ValueError("NVFP4Experts.from_float: method='gptq' needs stats with Hessians (calibration)")
+        out = cls(e, h, i, act_fn=getattr(experts, "act_fn", None), weight_only=weight_only,
+                  static_input_scale=static, device=gu.device)
+
+        def hess(which, idx):
+            if stats is None:
+                return None
+            src = stats.hessian_in if which == "in" else stats.hessian_mid
+            if src is None or stats.rows[idx] == 0:
+                if method == "gptq":  # an expert nothing was routed to: no inputs to fit, rounding to nearest
+                    return "rtn"
+                return None
+            return src[idx]
+
+        with torch.no_grad():
+            for x in range(e):
+                h_in = hess("in", x)
+                m_in = "rtn" if isinstance(h_in, str) else method
+                h_in = None if isinstance(h_in, str) else h_in
+                if share_gate_up:
+                    packed, sf, ws2 = _quantize_weight(gu[x] if gu.dtype in _FLOATS else gu[x].float(), m_in, h_in)
+                    out.gate_up_proj[x].copy_(packed)
+                    out.gate_up_proj_weight_scale[x].copy_(sf.reshape(-1))
+                    out.gate_up_proj_weight_scale_2[x].copy_(ws2.reshape(1).expand(2))
+                else:
+                    lin = []
+                    for p in range(2):
+                        packed, sf, ws2 = _quantize_weight(
+                            gu[x, p * i:(p + 1) * i] if gu.dtype in _FLOATS else gu[x, p * i:(p + 1) * i].float(),
+                            m_in, h_in)
+                        out.gate_up_proj[x, p * i:(p + 1) * i].copy_(packed)
+                        out.gate_up_proj_weight_scale_2[x, p].copy_(ws2.reshape(()))
+                        lin.append(from_blocked(sf, i, h))
+                    out.gate_up_proj_weight_scale[x].copy_(to_blocked(torch.cat(lin)))
+                h_mid = hess("mid", x)
+                m_mid = "rtn" if isinstance(h_mid, str) else method
+                h_mid = None if isinstance(h_mid, str) else h_mid
+                packed, sf, ws2 = _quantize_weight(dn[x] if dn.dtype in _FLOATS else dn[x].float(), m_mid, h_mid)
+                out.down_proj[x].copy_(packed)
+                out.down_proj_weight_scale[x].copy_(sf.reshape(-1))
+                out.down_proj_weight_scale_2[x].copy_(ws2.reshape(()))
+            if static:
+                # input decode scale = amax / 2688 (NVFP4Linear.set_input_amax), gate and up share the input
+                dec_in = 1.0 / global_encode_scale_rows(stats.amax_in)
+                dec_mid = 1.0 / global_encode_scale_rows(stats.amax_mid)
+                out.gate_up_proj_input_scale.copy_(dec_in.unsqueeze(1).expand(e, 2))
+                out.down_proj_input_scale.copy_(dec_mid)
+        out.refresh()
+        return out
+
+    # -- forward
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _refresh_after_load(module: "NVFP4Experts", incompatible_keys) -> None:
+    # (a module-level function, not a lambda: the hook is pickled with the module by torch.save)
+    module.refresh()
+
+
+def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
+    """global_encode_scale elementwise: 2688 / amax, 1 where amax = 0, clamped to the largest float32."""
+    amax = amax.to(torch.float32)
+    gs = (E2M1_MAX * E4M3_MAX) / amax
+    gs = torch.where(amax > 0, gs, torch.ones_like(gs))
+    return torch.clamp(gs, max=torch.finfo(torch.float32).max)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The grouped GEMMs and the quantization of their A
+
+
+_GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
+
+
+def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
+    return _GROUPED_MM(a, b, sfa, sfb, offs, alpha, out_dtype)
+
+
+class _Routing:
+    """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
+    sorted row, and the per-expert row ends (offs) the grouped GEMM reads on the device."""
+
+    def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
+        ids = top_k_index.reshape(-1)
+        self.k = top_k_index.shape[-1]
+        self.s = ids.numel()
+        self.expert, self.perm = torch.sort(ids, stable=True)      # pair order within an expert: token order
+        self.token = self.perm // self.k                            # the token of each sorted row
+        counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+        counts.scatter_add_(0, self.expert, torch.ones_like(self.expert, dtype=torch.int32))
+        self.offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        self.num_experts = num_experts
+
+
+def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None, uniform: bool,
+                 input_scale: torch.Tensor | None):
+    """A of one grouped GEMM in NVFP4: (packed [S, K/2], grouped blocked sfa, the input DECODE scale: one [1]
+    or per expert [E]). x: the tensor the rows come from ([T, K] with gather = the token of each sorted row, or
+    the [S, K] sorted rows with gather None). input_scale: the experts' static DECODE scales [E], or None
+    (dynamic: one scale from the finite amax of x)."""
+    k = x.shape[1]
+    if input_scale is None or uniform:
+        # one encode scale for every row, formed as nvfp4_gemm.linear forms it (dynamic: 2688 / amax; static:
+        # 1 / input_scale): quantize the rows x has (the T tokens, not their k gathered copies), then gather
+        if input_scale is None:
+            encode = global_encode_scale(finite_amax(x))
+            decode = torch.reciprocal(encode)
+        else:
+            decode = input_scale[:1].float()
+            encode = torch.reciprocal(decode)
+        packed, sf = quantize(x.contiguous(), encode)
+        sf_lin = from_blocked(sf, x.shape[0], k)
+        if gather is not None:
+            packed, sf_lin = packed[gather], sf_lin[gather]
+        return packed, to_blocked_grouped(sf_lin, routing.offs), decode
+    rows = x if gather is None else x[gather]
+    packed, sfa, decode = quantize_grouped(rows.contiguous(), routing.offs, input_scale.float().contiguous())
+    return packed, sfa, decode
+
+
+def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gather, out_dtype,
+          part: int | None = None) -> torch.Tensor:
+    """One grouped GEMM of the experts' `which` weights ('gate_up_proj' / 'down_proj') on the sorted rows.
+    part None: alpha of each expert applied in the GEMM, result in out_dtype. part p: gate_up with part p's
+    input scale, no alpha, float32 (the caller applies the per-part alphas)."""
+    b = mod._buffers[which]
+    sfb = mod._buffers[which + "_weight_scale"]
+    ws2 = mod._buffers[which + "_weight_scale_2"]
+    inp = mod._buffers[which + "_input_scale"]
+    plan = mod.plan()
+    if which == "gate_up_proj":
+        ws2 = ws2[:, 0].contiguous()  # (the gate's: gate and up share it on this path)
+        if inp is not None:
+            inp = inp[:, 0 if part is None else part]
+        uniform = plan["gate_up_uniform"]
+    else:
+        uniform = plan["down_uniform"]
+    if mod.weight_only:
+        a = x if gather is None else x[gather]
+        alpha = None if part is not None else ws2
+        return _grouped_mm(a, b, None, sfb, routing.offs, alpha, out_dtype if part is None else torch.float32)
+    packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
+    if part is not None:
+        return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
+    alpha = decode * ws2  # fl(input decode * weight_scale_2) per expert, as linear forms it
+    return _grouped_mm(packed, b, sfa, sfb, routing.offs, alpha, out_dtype)
+
+
+def _gate_up_own_alphas(mod: NVFP4Experts, x: torch.Tensor, routing: _Routing) -> torch.Tensor:
+    """gate_up where gate and up of an expert differ in a per-tensor scale: each part's columns get that
+    part's own alpha (fl(input decode * its weight_scale_2), or its weight_scale_2 weight-only) on the float32
+    GEMM result, then one rounding to x's dtype."""
+    i = mod.intermediate_dim
+    ws2 = mod.gate_up_proj_weight_scale_2.float()[routing.expert]  # [S, 2]
+    if mod.weight_only:
+        acc = _gemm(mod, "gate_up_proj", x, routing, routing.token, torch.float32, part=0)
+        alpha = ws2
+    else:
+        parts = [0, 1] if mod.plan()["split_inputs"] else [0]
+        accs, decodes = [], []
+        for p in parts:
+            acc_p, dec = _gemm(mod, "gate_up_proj", x, routing, routing.token, torch.float32, part=p)
+            accs.append(acc_p)
+            decodes.append(dec[routing.expert].reshape(-1, 1) if dec.numel() > 1 else dec.reshape(1, 1))
+        if len(parts) == 2:  # each part's columns from the GEMM whose A was quantized with that part's scale
+            acc = torch.cat([accs[0][:, :i], accs[1][:, i:]], dim=1)
+            decode = torch.cat([decodes[0].expand(acc.shape[0], 1), decodes[1].expand(acc.shape[0], 1)], dim=1)
+        else:
+            acc, decode = accs[0], decodes[0]
+        alpha = decode * ws2  # [S, 2]
+    alpha_cols = alpha.repeat_interleave(i, dim=1)
+    return torch.mul(acc, alpha_cols).to(x.dtype)
+
+
+def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts' computation (module docstring); hidden_states [T, H], top_k_index / top_k_weights [T, k]."""
+    t, h = hidden_states.shape
+    if h != mod.hidden_dim:
+        raise ValueError(f"NVFP4Experts: hidden_states must be [T, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
+    if hidden_states.dtype not in _FLOATS:
+        raise ValueError(f"NVFP4Experts: hidden_states must be float16, bfloat16 or float32, got {hidden_states.dtype}")
+    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != t:
+        raise ValueError(f"NVFP4Experts: top_k_index and top_k_weights must both be [T={t}, k], got "
+                         f"{tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}")
+    dtype = hidden_states.dtype
+    if t == 0:
+        return hidden_states.new_zeros(0, h)
+    routing = _Routing(top_k_index, mod.num_experts)
+    x = hidden_states if hidden_states.is_contiguous() else hidden_states.contiguous()
+    i = mod.intermediate_dim
+    if mod.plan()["own_alphas"]:
+        gate_up = _gate_up_own_alphas(mod, x, routing)
+    else:
+        gate_up = _gemm(mod, "gate_up_proj", x, routing, routing.token, dtype)
+    inter = mod.act_fn(gate_up[:, :i]) * gate_up[:, i:]
+    observer = mod.__dict__.get("_observer")
+    if observer is not None:  # calibration (calibrate_static): sees both GEMMs' inputs
+        observer(routing, x, inter)
+    down = _gemm(mod, "down_proj", inter, routing, None, dtype)
+    # back to (token, slot) order by a gather (one pass, no zero fill; inductor fuses it with what follows),
+    # the top-k weight in fp32, the k slots of a token summed in fp32 (deterministic: no atomics), one rounding
+    inv = torch.empty_like(routing.perm)
+    inv.scatter_(0, routing.perm, torch.arange(routing.s, device=x.device, dtype=routing.perm.dtype))
+    y = down[inv].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
+    return y.sum(dim=1).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Calibration and quantize_model's part
+
+
+class ExpertStats:
+    """What calibration saw of one experts module, per expert: rows routed, finite amax of the gate_up input
+    (the routed tokens) and of the down input (SiLU(gate) * up of the float weights), and optionally their
+    Hessians (HessianAccumulator, gptq: full; mse: diagonal)."""
+
+    def __init__(self, experts: nn.Module, hessians: str | None) -> None:
+        e, n2, h = experts.gate_up_proj.shape
+        dev = experts.gate_up_proj.device
+        self.rows = [0] * e
+        self.amax_in = torch.zeros(e, dtype=torch.float32, device=dev)
+        self.amax_mid = torch.zeros(e, dtype=torch.float32, device=dev)
+        self.hessian_in = self.hessian_mid = None
+        self._acc_in = self._acc_mid = None
+        if hessians is not None:
+            acc = methods.HessianAccumulator
+            diag = hessians == "diagonal"
+            self._acc_in = [acc(h, dev, diagonal=diag) for _ in range(e)]
+            self._acc_mid = [acc(n2 // 2, dev, diagonal=diag) for _ in range(e)]
+
+    def record(self, experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> None:
+        i = experts.gate_up_proj.shape[1] // 2
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
+        idx = top_k_index.reshape(x.shape[0], -1)
+        hit = torch.unique(idx).tolist()  # host sync: calibration runs eagerly
+        for e in hit:
+            if not 0 <= e < len(self.rows):
+                continue
+            rows = x[(idx == e).any(dim=1)]
+            self.rows[e] += rows.shape[0]
+            self.amax_in[e] = torch.maximum(self.amax_in[e], finite_amax(rows))
+            gu = nn.functional.linear(rows, experts.gate_up_proj[e].to(rows.dtype))
+            mid = experts.act_fn(gu[:, :i]) * gu[:, i:]
+            self.amax_mid[e] = torch.maximum(self.amax_mid[e], finite_amax(mid))
+            if self._acc_in is not None:
+                self._acc_in[e].add(rows.detach())
+                self._acc_mid[e].add(mid.detach())
+
+    def finish(self) -> None:
+        if self._acc_in is not None:
+            self.hessian_in = [a.hessian() if r else None for a, r in zip(self._acc_in, self.rows)]
+            self.hessian_mid = [a.hessian() if r else None for a, r in zip(self._acc_mid, self.rows)]
+            self._acc_in = self._acc_mid = None
+
+
+def _calibrate_experts(model: nn.Module, names: list[str], calibrate, hessians: str | None) -> dict[str, ExpertStats]:
+    stats = {n: ExpertStats(model.get_submodule(n), hessians) for n in names}
+
+    def hook(name):
+        def pre(mod, args, kwargs):
+            hs = args[0] if args else kwargs["hidden_states"]
+            idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            stats[name].record(mod, hs, idx)
+        return pre
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n), with_kwargs=True) for n in names]
+    try:
+        with torch.no_grad():
+            calibrate(model)
+    finally:
+        for hd in handles:
+            hd.remove()
+    for s in stats.values():
+        s.finish()
+    return stats
+
+
+def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_only: bool = False,
+                     method: str = "rtn", share_gate_up: bool = True, progress: bool = False) -> list[str]:
+    """Replaces, in place, every transformers experts module of `model` (that filter(name, module) accepts)
+    by NVFP4Experts.from_float. calibrate(model): W4A4 experts get static per-expert input scales from the
+    largest finite |input| each expert saw; mse weighs columns by the inputs' mean squares; gptq needs it (one
+    calibrate pass per experts module, its Hessians only: sequential, as quantize_model's dense GPTQ).
+    Returns the names replaced."""
+    names = experts_to_quantize(model, filter)
+    if method == "gptq" and calibrate is None:
+        raise ValueError("quantize_experts: method='gptq' needs calibrate")
+    want_static = calibrate is not None and not weight_only
+    hess = {"gptq": "full", "mse": "diagonal"}.get(method) if calibrate is not None else None
+    bar = None
+    if progress and names:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(names), desc="quantize experts", unit="layer")
+        except ImportError:
+            bar = None
+
+    def swap(name, stats):
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        new = NVFP4Experts.from_float(getattr(owner, attr), weight_only=weight_only, method=method,
+                                      share_gate_up=share_gate_up, stats=stats)
+        setattr(owner, attr, new)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if method == "gptq":
+            for name in names:
+                swap(name, _calibrate_experts(model, [name], calibrate, "full")[name])
+        else:
+            stats = _calibrate_experts(model, names, calibrate, hess) if (want_static or hess) else {}
+            for name in names:
+                s = stats.get(name)
+                if s is not None and not want_static:
+                    s.amax_in = None
+                swap(name, s)
+    finally:
+        if bar is not None:
+            bar.close()
+    return names
+
+
+def _row_amax_per_expert(rows: torch.Tensor, expert: torch.Tensor, num_experts: int) -> torch.Tensor:
+    a = rows.detach().abs().float()
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax(dim=1)
+    out = torch.zeros(num_experts, dtype=torch.float32, device=rows.device)
+    return out.scatter_reduce(0, expert, a, "amax")
+
+
+def calibrate_static(model: nn.Module, names: list[str], calibrate) -> list[str]:
+    """Runs calibrate(model) once (no_grad) and gives each W4A4 NVFP4Experts among `names` static input scales:
+    per expert, the largest finite |input| its rows had (gate_up: the routed tokens; down: SiLU(gate) * up as
+    the module computed it) / 2688. Experts that saw no token get the decode scale 1. Weight-only modules are
+    left alone. Returns the names of the modules made static."""
+    mods = {n: model.get_submodule(n) for n in names}
+    mods = {n: m for n, m in mods.items() if isinstance(m, NVFP4Experts) and not m.weight_only}
+    seen = {n: [torch.zeros(m.num_experts, device=m.gate_up_proj.device),
+                torch.zeros(m.num_experts, device=m.gate_up_proj.device)] for n, m in mods.items()}
+
+    def observer(name, m):
+        def record(routing, x, inter):
+            acc = seen[name]
+            acc[0] = torch.maximum(acc[0], _row_amax_per_expert(x[routing.token], routing.expert, m.num_experts))
+            acc[1] = torch.maximum(acc[1], _row_amax_per_expert(inter, routing.expert, m.num_experts))
+        return record
+
+    for n, m in mods.items():
+        m.__dict__["_observer"] = observer(n, m)
+    try:
+        with torch.no_grad():
+            calibrate(model)
+    finally:
+        for m in mods.values():
+            m.__dict__.pop("_observer", None)
+    for n, m in mods.items():
+        a_in, a_mid = seen[n]
+        dev = m.gate_up_proj.device
+        m.gate_up_proj_input_scale = (1.0 / global_encode_scale_rows(a_in)).unsqueeze(1).expand(-1, 2).contiguous()
+        m.down_proj_input_scale = (1.0 / global_encode_scale_rows(a_mid)).to(dev)
+        m.refresh()
+    return list(mods)
+
+
+def experts_to_quantize(model: nn.Module, filter) -> list[str]:
+    """quantize_model's plan: the experts modules filter(name, module) accepts (raises for those of unsupported
+    families, before anything is quantized)."""
+    names = []
+    for name, mod in model.named_modules():
+        if looks_like_experts(mod) and (filter is None or filter(name, mod)):
+            why = unsupported_reason(mod)
+            if why:
+                raise NotImplementedError(f"'{name}': {why}; leave it out with filter= to keep it in float")
+            names.append(name)
+    return names
+
+
+def quantize_model_experts(model: nn.Module, names: list[str], *, calibrate, weight_only: bool, method: str,
+                           fuse: bool, progress: bool) -> list[str]:
+    """quantize_model's part for experts modules `names` (experts_to_quantize): the same calibration, mode and
+    method as its Linear layers; fuse shares gate's and up's per-tensor scale within each expert (as it shares
+    the scale of a fused q/k/v or gate/up group)."""
+    if not names:
+        return []
+    wanted = set(names)
+    return quantize_experts(model, lambda n, m: n in wanted, calibrate=calibrate, weight_only=weight_only,
+                            method=method, share_gate_up=fuse, progress=progress)
