@@ -35,21 +35,88 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 # ------------------------------------------------------------------------------------------ harness
 
 
-def _entry(rank: int, world: int, store: str, fn, args) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+def _serve(rank: int, world: int, store: str, tasks, results) -> None:
+    """One rank of the pool: joins the gloo group once, then runs fn(rank, world, *args) for each task."""
+    import datetime
+    import traceback
+
+    torch.set_num_threads(1)  # two ranks on a 2-core CI machine
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     try:
-        torch.manual_seed(0)
-        fn(rank, world, *args)
-        dist.barrier()
+        while (task := tasks.get()) is not None:
+            fn, args = task
+            try:
+                torch.manual_seed(0)
+                fn(rank, world, *args)
+                dist.barrier()
+                results.put((rank, None))
+            except BaseException:  # noqa: BLE001 - reported to the test
+                results.put((rank, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
 
 
-def spawn(fn, *args, world: int = WORLD) -> None:
-    """fn(rank, world, *args) in `world` fresh processes joined by gloo; a failure in any raises here with
-    the child's traceback."""
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_entry, args=(world, os.path.join(d, "store"), fn, args), nprocs=world, join=True)
+class Pool:
+    """`world` processes joined by gloo once (a process start with torch is seconds on a busy machine), each
+    running the same function per task. A failed task is raised in the test with every rank's traceback,
+    and the pool is restarted (the ranks may be out of step after an error)."""
+
+    def __init__(self, world: int = WORLD) -> None:
+        self.world = world
+        self.dir = tempfile.TemporaryDirectory()
+        ctx = mp.get_context("spawn")
+        self.tasks = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        store = os.path.join(self.dir.name, "store")
+        self.procs = [ctx.Process(target=_serve, args=(r, world, store, self.tasks[r], self.results), daemon=True)
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, fn, *args, timeout: float = 600) -> None:
+        import queue
+
+        for q in self.tasks:
+            q.put((fn, args))
+        errors = []
+        for _ in range(self.world):
+            try:
+                rank, tb = self.results.get(timeout=timeout)
+            except queue.Empty:
+                errors.append(f"no answer within {timeout} s (a rank hangs in a collective?)")
+                break
+            if tb is not None:
+                errors.append(f"rank {rank}:\n{tb}")
+        if errors:
+            self.close(kill=True)
+            raise AssertionError("\n".join(errors))
+
+    def close(self, kill: bool = False) -> None:
+        for p, q in zip(self.procs, self.tasks):
+            if kill:
+                p.kill()
+            elif p.is_alive():
+                q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+        self.procs = []
+        self.dir.cleanup()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    holder = {"pool": None}
+
+    class _Lazy:
+        def run(self, fn, *args):
+            if holder["pool"] is None or not holder["pool"].procs:
+                holder["pool"] = Pool()
+            holder["pool"].run(fn, *args)
+
+    yield _Lazy()
+    if holder["pool"] is not None and holder["pool"].procs:
+        holder["pool"].close()
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -215,10 +282,10 @@ def _layers_worker(rank, world):
                     assert worst <= 1.0, f"{ctx} {style}: {msg}"
 
 
-def test_layers_tp2_every_mode():
+def test_layers_tp2_every_mode(pool):
     """colwise / rowwise / gathered / split-input shards of a 256 x 384 layer in each mode and dtype, with and
     without bias: within SPEC.md's bound of the whole layer's reference (colwise: bit for bit)."""
-    spawn(_layers_worker)
+    pool.run(_layers_worker)
 
 
 def _quantized_llama(mode: str, family: str = "llama"):
@@ -282,11 +349,11 @@ def _model_worker(rank, world):
         assert torch.equal(logits.argmax(-1), ref_logits.argmax(-1)) or mode != "weight_only"
 
 
-def test_tiny_llama_tp2():
+def test_tiny_llama_tp2(pool):
     """quantize_model'd tiny Llama / Qwen3 (weight-only, dynamic, static) sharded by transformers' own
     tp_plan (config.base_model_tp_plan + lm_head): every NVFP4 layer within SPEC.md's bound of its whole
     weights on the input it saw, logits as one process's."""
-    spawn(_model_worker)
+    pool.run(_model_worker)
 
 
 class _Experts(torch.nn.Module):
@@ -348,11 +415,11 @@ def _experts_worker(rank, world):
     assert mags.gt(0).all()
 
 
-def test_expert_parallel_per_expert_tensors():
+def test_expert_parallel_per_expert_tensors(pool):
     """8 NVFP4 experts over 2 ranks (ExpertParallel on a module with transformers' experts interface): each
     rank holds its 4 experts' tensors; the all-reduced output is the one-process output up to the grouping
     of each token's top-3 sum."""
-    spawn(_experts_worker)
+    pool.run(_experts_worker)
 
 
 def _load_worker(rank, world, src, out):
@@ -410,11 +477,11 @@ def _load_worker(rank, world, src, out):
     assert not parallel.is_sharded(back) and parallel.is_sharded(model)
 
 
-def test_sharded_load_and_save(tmp_path):
+def test_sharded_load_and_save(pool, tmp_path):
     """from_pretrained(tp_plan="auto", device_mesh=) on a ModelOpt checkpoint of a quantized tiny Llama: the
     sharded layers' tensors are never read whole, the bytes read are exactly their slices, the result is
     the whole load sharded; save_pretrained from the shards writes the original tensors bit for bit."""
     model = _quantized_llama("static")
     src = tmp_path / "src"
     nvfp4_gemm.save_pretrained(model, src, format="modelopt", progress=False)
-    spawn(_load_worker, str(src), str(tmp_path / "out"))
+    pool.run(_load_worker, str(src), str(tmp_path / "out"))
