@@ -631,14 +631,16 @@ def shard_experts(tensors: Mapping[str, torch.Tensor], rank: int, world: int,
 
 
 def route_to_local(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, rank: int, world: int,
-                   num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   num_experts: int, sentinel: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's global expert ids and weights [T, top_k] as rank sees them: ids of its own experts
     become local (e - first), the others the sentinel num_experts / world (an experts module skips it),
-    their weights 0. transformers' EpRouterParallel convention. No host sync."""
+    their weights 0: transformers' EpRouterParallel convention. sentinel=False sends the others to local
+    expert 0 with weight 0 instead, for a module that cannot skip ids (wasted rows; a non-finite output of
+    such a row would turn its zero weight into NaN). No host sync."""
     e0, e1 = expert_bounds(num_experts, rank, world)
     local = num_experts // world
     mine = (top_k_index >= e0) & (top_k_index < e1)
-    idx = torch.where(mine, top_k_index - e0, torch.full_like(top_k_index, local))
+    idx = torch.where(mine, top_k_index - e0, torch.full_like(top_k_index, local if sentinel else 0))
     return idx, torch.where(mine, top_k_weights, torch.zeros_like(top_k_weights))
 
 
@@ -648,7 +650,10 @@ class ExpertParallel(ParallelStyle):
     top_k_weights [T, k]) that skips index == num_experts. Keeps the rank's experts (shard_experts), sets
     num_experts to the local count, remaps the routing (route_to_local) before the forward and sums the
     ranks' outputs after it (fp32 all-reduce, one rounding to the output dtype): each token's output is
-    the sum of its top-k experts' contributions, each computed on the rank that holds the expert."""
+    the sum of its top-k experts' contributions, each computed on the rank that holds the expert.
+    The others' slots get transformers' sentinel id (num_experts local) where the module skips it: its own
+    experts modules (transformers.*), or a module whose `expert_parallel_sentinel` attribute is True;
+    otherwise (route_to_local's sentinel=False) local expert 0 with weight 0."""
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         group, rank, world = _mesh_group_rank(device_mesh)
@@ -666,11 +671,17 @@ class ExpertParallel(ParallelStyle):
                 else:
                     module._buffers[name] = t
         module.num_experts = num // world
+        module._is_expert_parallel = True  # transformers (5.23) experts backends skip the sentinel ids only then
         object.__setattr__(module, "_ep_shard", (rank, world, num))
+        if callable(getattr(module, "refresh", None)):
+            module.refresh()  # a module that caches facts about its per-expert scales (nvfp4_gemm.moe)
+
+        sentinel = bool(getattr(module, "expert_parallel_sentinel", False)) or \
+            (type(module).__module__ or "").startswith("transformers.")
 
         def pre(mod, args, kwargs):
             hidden, idx, weights, *rest = args
-            idx, weights = route_to_local(idx, weights, rank, world, num)
+            idx, weights = route_to_local(idx, weights, rank, world, num, sentinel)
             return (hidden, idx, weights, *rest), kwargs
 
         def post(mod, args, kwargs, out):

@@ -360,8 +360,9 @@ class _Experts(torch.nn.Module):
     """Per-expert NVFP4 tensors with transformers' experts interface (num_experts, [E, ...] tensors,
     forward(hidden, top_k_index, top_k_weights), index == num_experts skipped)."""
 
-    def __init__(self, num_experts: int, hidden: int, inter: int, seed: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, inter: int, seed: int, sentinel: bool = True) -> None:
         super().__init__()
+        self.expert_parallel_sentinel = sentinel
         self.num_experts, self.hidden, self.inter = num_experts, hidden, inter
         ups = [make_inputs(Case(8, inter, hidden), seed=seed + e) for e in range(num_experts)]
         downs = [make_inputs(Case(8, hidden, inter), seed=seed + 100 + e) for e in range(num_experts)]
@@ -373,6 +374,7 @@ class _Experts(torch.nn.Module):
 
     def forward(self, hidden, top_k_index, top_k_weights):
         out = torch.zeros_like(hidden)
+        assert self.expert_parallel_sentinel or bool((top_k_index < self.num_experts).all())
         for e in range(self.num_experts):
             tok, slot = torch.where(top_k_index == e)
             if tok.numel() == 0:
@@ -389,19 +391,23 @@ def _experts_worker(rank, world):
     from torch.distributed.tensor.parallel import parallelize_module
 
     whole = _Experts(8, 64, 128, seed=3)
-    model = _Experts(8, 64, 128, seed=3)
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(23, 64, generator=g)
     logits = torch.randn(23, 8, generator=g)
     w, idx = torch.softmax(logits, -1).topk(3, dim=-1)
     with torch.no_grad():
         ref = whole(hidden, idx, w)
-    parallelize_module(model, init_device_mesh("cpu", (world,)), parallel.ExpertParallel())
+    outs = []
+    for sentinel in (True, False):  # skipped sentinel ids; or local expert 0 at weight 0
+        model = _Experts(8, 64, 128, seed=3, sentinel=sentinel)
+        parallelize_module(model, init_device_mesh("cpu", (world,)), parallel.ExpertParallel())
+        with torch.no_grad():
+            outs.append(model(hidden, idx, w))
+    assert torch.equal(outs[0], outs[1])
     assert model.num_experts == 4 and model.up.shape[0] == 4
     assert torch.equal(model.up, whole.up[rank * 4:(rank + 1) * 4])
     assert torch.equal(model.down_scale, whole.down_scale[rank * 4:(rank + 1) * 4])
-    with torch.no_grad():
-        out = model(hidden, idx, w)
+    out = outs[0]
     # Each token: the same top-3 contributions (each computed bit for bit as in one process: same operands),
     # summed in another grouping: within 3 fp32 roundings of the sum of their magnitudes.
     mags = torch.zeros_like(ref)
