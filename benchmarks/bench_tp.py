@@ -62,6 +62,10 @@ CONFIG_MOE = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, m
                   num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
                   num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=4096,
                   tie_word_embeddings=False)
+# name -> (weights, tensor-parallel size, all-reduce). The NCCL ones run last: if NCCL inside a CUDA graph
+# hangs (see --part diag), the watchdog ends the run there, after the others have been recorded.
+VARIANTS = {"nvfp4-tp1": ("nvfp4", 1, "-"), "nvfp4-tp2-symm": ("nvfp4", 2, "symm"), "fp16-tp2-symm": ("fp16", 2, "symm"),
+            "nvfp4-tp2-nccl": ("nvfp4", 2, "nccl"), "fp16-tp2-nccl": ("fp16", 2, "nccl")}
 TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
             head_dim=64, max_position_embeddings=256, tie_word_embeddings=False)
 TINY_MOE = dict(TINY, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
@@ -344,10 +348,10 @@ def decode(args, world: int, dev: torch.device, mesh) -> None:
     ns = argparse.Namespace(context=args.context, replays=args.replays, profile=False, batch=[1])
     timer = Timer(dev, args.replays)
     cfg = CONFIG_70B if dev.type == "cuda" else TINY
-    variants = [("nvfp4", 1, "-"), ("nvfp4", world, "nccl"), ("nvfp4", world, "symm"), ("fp16", world, "nccl"),
-                ("fp16", world, "symm")]
     results = {}
-    for kind, tp, allreduce in variants:
+    for variant in args.variants.split(","):
+        kind, tp, allreduce = VARIANTS[variant]
+        tp = world if tp == 2 else 1
         if allreduce == "symm" and dev.type != "cuda":
             continue
         name = f"{kind} TP={tp} {allreduce}"
@@ -400,7 +404,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--layers-8b", type=int, default=4)
     p.add_argument("--layers-moe", type=int, default=2)
-    p.add_argument("--layers-70b", type=int, default=40)
+    p.add_argument("--layers-70b", type=int, default=80)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"decode variants, of {list(VARIANTS)}")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--no-compile", dest="compile", action="store_false")

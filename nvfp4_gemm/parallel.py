@@ -179,7 +179,7 @@ class GatherLinear(nn.Linear):
     """The N-shard of a float nn.Linear with its output all-gathered along the last dim (an LM head)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _all_gather_last(super().forward(x), self._tp_shard.world, self._tp_group)
+        return _all_gather_last(super().forward(x), self._tp_shard.rank, self._tp_shard.world, self._tp_group)
 
 
 def shard_float_linear(layer: nn.Linear, style: str, rank: int, world: int, group=None) -> nn.Linear:
@@ -303,9 +303,16 @@ def _all_reduce_max(t: torch.Tensor, group=None) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(t.contiguous(), "max", name))
 
 
-def _all_gather_last(t: torch.Tensor, world: int, group=None) -> torch.Tensor:
-    """Concatenation along the last dim of every rank's t (same shape everywhere)."""
+def _all_gather_last(t: torch.Tensor, rank: int, world: int, group=None) -> torch.Tensor:
+    """Concatenation along the last dim of every rank's t (same shape everywhere). With a symmetric-memory
+    buffer registered for t's dtype (use_symmetric_memory), an all-reduce of zero-padded blocks instead (each
+    element is one rank's value plus zeros: exact), so that no NCCL collective is left in the step."""
     name = _group_name(group)
+    buf = _SYMM.get((name, t.dtype)) if _SYMM else None
+    if buf is not None and t.is_cuda and t.numel() * world <= buf.numel():
+        full = t.new_zeros(*t.shape[:-1], world, t.shape[-1])
+        full[..., rank, :] = t
+        return all_reduce_sum(full.reshape(*t.shape[:-1], world * t.shape[-1]), group)
     g = torch.ops._c10d_functional.wait_tensor(
         torch.ops._c10d_functional.all_gather_into_tensor(t.contiguous(), world, name))  # [world * d0, ...]
     return torch.cat(g.chunk(world, dim=0), dim=-1)
@@ -344,7 +351,9 @@ class RowwiseNVFP4Linear(NVFP4Linear):
         if x.shape[-1] != k or x.dim() < 2:
             self._check_input(x)
         x2 = x.reshape(-1, k)
-        if not x2.is_contiguous() or x2.data_ptr() % 16:
+        # The GPU kernels read 16-byte aligned rows (compiled code allocates aligned tensors; dynamo cannot
+        # trace data_ptr arithmetic, so the check runs in eager mode only).
+        if not x2.is_contiguous() or (not torch.compiler.is_compiling() and x2.data_ptr() % 16):
             x2 = x2.clone(memory_format=torch.contiguous_format)
         w, sf, ws2 = b["weight"], b["weight_scale"], b["weight_scale_2"]
         if self.weight_only:
@@ -385,7 +394,7 @@ class GatherNVFP4Linear(NVFP4Linear):
     _tp_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _all_gather_last(super().forward(x), self._tp_shard.world, self._tp_group)
+        return _all_gather_last(super().forward(x), self._tp_shard.rank, self._tp_shard.world, self._tp_group)
 
 
 def _mesh_group_rank(mesh) -> tuple[object, int, int]:
