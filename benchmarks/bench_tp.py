@@ -126,7 +126,8 @@ def diag(args, world: int, dev: torch.device) -> None:
             dist.all_reduce(x)
         torch.cuda.synchronize()
     expect = sum(r + 1 for r in range(world)) / world
-    kinds = [("c10d", torch.float16), ("funcol", torch.float16), ("symm", torch.float32), ("symm", torch.float16)]
+    # NCCL last: if a capture hangs, the watchdog ends the run there, after the others are recorded
+    kinds = [("symm", torch.float32), ("symm", torch.float16), ("funcol", torch.float16), ("c10d", torch.float16)]
     for kind, dtype in kinds:
         symm = None
         if kind == "symm":
@@ -301,7 +302,7 @@ def random_nvfp4(n: int, k: int, dev, g) -> NVFP4Linear:
 def decode_model(cfg_kw: dict, layers: int, kind: str, world: int, mesh, dev, seed: int) -> nn.Module:
     """Llama with `layers` decoder layers built shard by shard (the whole model never exists on a rank):
     kind 'nvfp4' (weight-only, fused groups) or 'fp16'; lm_head fp16; world 1 = unsharded."""
-    from nvfp4_gemm.checkpoint import _materialize_non_persistent
+    from nvfp4_gemm._checkpoint_load import _materialize_non_persistent
 
     tf = _transformers()
     cfg = tf.LlamaConfig(**{**cfg_kw, "num_hidden_layers": layers})
@@ -409,8 +410,8 @@ def main() -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--no-compile", dest="compile", action="store_false")
-    p.add_argument("--watchdog", type=float, default=60.0, help="seconds per diag / check step before exiting")
-    p.add_argument("--decode-watchdog", type=float, default=300.0, help="seconds per decode variant")
+    p.add_argument("--watchdog", type=float, default=30.0, help="seconds per diag step before exiting")
+    p.add_argument("--decode-watchdog", type=float, default=300.0, help="seconds per check model / decode variant")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     parts = [s for s in args.part.split(",") if s]

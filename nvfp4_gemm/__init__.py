@@ -25,7 +25,8 @@ from .info import configs, dispatch_rules, info  # noqa: E402
 from .ops import linear, mm  # noqa: E402
 from .reference import reference_mm  # noqa: E402
 from .quantize import global_encode_scale, quantize, reference_quantize  # noqa: E402
-from .nn import NVFP4Linear, quantize_model  # noqa: E402
+from .nn import NVFP4Linear  # noqa: E402
+from ._quantize_model import quantize_model  # noqa: E402
 from .fused import fuse_projections, unfuse_projections  # noqa: E402
 from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
 

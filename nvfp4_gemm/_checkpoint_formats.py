@@ -10,7 +10,8 @@ NVIDIA Model Optimizer ("modelopt"), as its unified Hugging Face export writes i
   * every nn.Linear not excluded is quantized; tensors <m>.weight uint8 [N, K/2] (element 2i in the low
     nibble), <m>.weight_scale float8_e4m3fn [N, K/16] row-major, <m>.weight_scale_2 float32 scalar (the weight
     DECODE scale amax / 2688), <m>.input_scale float32 scalar (input DECODE scale; static W4A4).
-  * fused projections (q/k/v, gate/up) share weight_scale_2 and input_scale (max of the amaxes).
+  * fused projections (q/k/v, gate/up: _groups.FUSABLE_GROUPS) share weight_scale_2 and input_scale (max of
+    the amaxes).
 compressed-tensors "nvfp4-pack-quantized" (llm-compressor; read natively by vLLM):
   * config: config.json "quantization_config" {"quant_method": "compressed-tensors", "format",
     "config_groups": {g: {"targets", "weights", "input_activations", "format"}}, "ignore",
@@ -40,12 +41,11 @@ from ._checkpoint_io import CheckpointError, UnsupportedFormatError, checked_fil
 MODES = ("static", "dynamic", "dynamic_block", "weight_only")
 # ModelOpt quant_algo -> the mode of its layers
 MODELOPT_ALGOS = {"NVFP4": "static", "W4A16_NVFP4": "weight_only"}
-# Projections that inference engines fuse into one GEMM; they must share the per-tensor scales.
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
 HF_QUANT_CONFIG = "hf_quant_config.json"
 CT_FORMAT = "nvfp4-pack-quantized"
 
-# our role -> checkpoint suffix, per format (NVFP4Linear's own buffer names are ModelOpt's)
+# The per-format tensor naming table: our role -> the checkpoint's suffix (NVFP4Linear's own buffer names are
+# ModelOpt's). The loader's expectations, its unexpected-tensor checks and the writer all read it.
 ROLE_NAMES = {
     "modelopt": {"weight": "weight", "weight_scale": "weight_scale", "weight_scale_2": "weight_scale_2",
                  "input_scale": "input_scale", "bias": "bias"},
@@ -53,15 +53,9 @@ ROLE_NAMES = {
                            "weight_scale_2": "weight_global_scale", "input_scale": "input_global_scale",
                            "bias": "bias"},
 }
-
-
-def fused_group_key(name: str) -> str | None:
-    """'model.layers.3.self_attn.k_proj' -> 'model.layers.3.self_attn:q_proj' (one key per fused group)."""
-    parent, _, leaf = name.rpartition(".")
-    for group in FUSED_GROUPS:
-        if leaf in group:
-            return f"{parent}:{group[0]}"
-    return None
+# Every suffix that marks a quantization tensor in either format (a scale where the config quantizes nothing).
+QUANT_SUFFIXES = frozenset(suffix for names in ROLE_NAMES.values() for role, suffix in names.items()
+                           if role not in ("weight", "bias")) | {"weight_packed"}
 
 
 # A checkpoint's "re:" targets run on every module name; Python's re backtracks without bound, so a pattern

@@ -76,15 +76,15 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module
 
+from ._groups import group_members
 from .nn import NVFP4Linear
 from .autograd import call_linear, call_mm
 from .ops import _check_devices
 
 log = logging.getLogger(__name__)
 
-# The groups, first part first (the part whose call runs the fused GEMM: transformers calls it first).
-GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-# Decoder families whose attention and MLP call the parts of a group on the same tensor, in GROUPS order
+# Decoder families whose attention and MLP call the parts of a group on the same tensor, in the order of
+# _groups.FUSABLE_GROUPS
 # (read in transformers 5.x: Llama, Mistral, Qwen2 and Qwen3 attention and MLP forwards).
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 _FAMILY_MODULE = re.compile(r"transformers\.models\.(%s)\.modeling_" % "|".join(FAMILIES))
@@ -222,7 +222,7 @@ class _Group:
                     return f"{name} of part {i} is not a view of the fused tensors"
             if p.weight_only != lead.weight_only:
                 return "the parts mix weight-only and W4A4 modes"
-            if getattr(p, "block_scales_only", False):
+            if p.block_scales_only:
                 return "a part is per-block dynamic (block_scales_only)"
             why = _scalars_problem(lead, p, self.weight.device)
             if why:
@@ -398,7 +398,7 @@ def _why_not(parts: list[nn.Module]) -> str | None:
             return f"{type(p).__name__} is not an NVFP4Linear"
         if p.out_features % _ROW_BLOCK:
             return f"out_features {p.out_features} is not a multiple of {_ROW_BLOCK}"
-        if getattr(p, "block_scales_only", False):
+        if p.block_scales_only:
             return "per-block dynamic (block_scales_only) layers are not fused"
         if p.in_features != lead.in_features:
             return "the parts have different in_features"
@@ -410,10 +410,6 @@ def _why_not(parts: list[nn.Module]) -> str | None:
         if p.weight.device != lead.weight.device or p.weight.dtype != lead.weight.dtype:
             return "the parts' weights differ in device or dtype"
     return None
-
-
-def _group_members(parent: nn.Module) -> list[tuple[str, ...]]:
-    return [names for names in GROUPS if all(isinstance(getattr(parent, n, None), nn.Module) for n in names)]
 
 
 def fuse_group(parent: nn.Module, names: tuple[str, ...], where: str = "") -> bool:
@@ -467,15 +463,16 @@ def _unfuse_part(p: FusedNVFP4Linear) -> None:
 def fuse_projections(model: nn.Module, *, any_family: bool = False) -> int:
     """Fuses, in place, every q/k/v and gate/up group of NVFP4Linear layers that qualifies (module
     docstring): the attention and MLP modules of the Llama, Mistral, Qwen2 and Qwen3 families of
-    transformers (any module with such children with any_family=True: fusion is exact wherever the parts
-    are called with the same tensor, and costs a wasted GEMM where they are not). Groups already fused are
+    transformers (with any_family=True, any module with the children of a group of _groups.FUSABLE_GROUPS,
+    Mixtral-style w1/w3 experts included: fusion is exact wherever the parts are called with the same tensor,
+    and costs a wasted GEMM where they are not). Groups already fused are
     re-checked, and re-fused if they had become unfused. Returns the number of fused groups. Groups left
     unfused, and why, are logged at debug level (logger nvfp4_gemm.fused)."""
     count = 0
     for name, mod in list(model.named_modules()):
         if not (any_family or supported_parent(mod)):
             continue
-        for names in _group_members(mod):
+        for names in group_members(mod):
             parts = [getattr(mod, n) for n in names]
             g = getattr(parts[0], "_group", None)
             if g is not None and g.parts == parts and g.validate(name):
@@ -506,7 +503,7 @@ def fusable_groups(model: nn.Module, names: set[str], shape_ok) -> list[list[str
     for pname, mod in model.named_modules():
         if not supported_parent(mod):
             continue
-        for group in _group_members(mod):
+        for group in group_members(mod):
             full = [f"{pname}.{n}" if pname else n for n in group]
             lins = [getattr(mod, n) for n in group]
             if not all(f in names for f in full) or not all(type(m) is nn.Linear and shape_ok(m) for m in lins):

@@ -59,11 +59,6 @@ def mm(
     return out
 
 
-# Bound once: resolving torch.ops.nvfp4_gemm.linear.default attribute by attribute costs ~1 us of host time
-# per call, and NVFP4Linear.forward issues one per layer.
-_LINEAR_OP = torch.ops.nvfp4_gemm.linear.default
-
-
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -779,7 +779,7 @@ class LoadSharding:
         """Reads this rank's slice of one checkpoint tensor of a sharded layer into the (local) layer."""
         from ._checkpoint_io import CheckpointError
         from ._scale_checks import block_scales_problem
-        from .checkpoint import _load_role
+        from ._checkpoint_load import _load_role
 
         lo, hi = self.bounds[plan.name]
         rowwise = self.styles[plan.name].startswith("rowwise")

@@ -173,6 +173,79 @@ def case_seed(case: Case) -> int:
     return zlib.crc32(case.id.encode())
 
 
+# --- Inputs and models of the layer, model and checkpoint tests -----------------------------------------------
+
+# NVFP4Linear's modes as the tests name them (nvfp4_gemm.nn; compressed-tensors' per-block dynamic mode has
+# tests of its own).
+MODES = ("weight_only", "static", "dynamic")
+
+
+def seed_of(*parts) -> int:
+    """A seed fixed by a test case's parameters, the same in every process (Python's hash() of a str is not):
+    a failure replays from its parameters."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def spread_activations(m: int, k: int, seed: int, zero_fraction: float = 0.0) -> torch.Tensor:
+    """Float32 [m, k] activations for the weight-only form: normal values times powers of two over eight
+    binades (2^-4 .. 2^3), both signs, and about `zero_fraction` of them exactly zero."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-4, 4, (m, k), generator=g).float())
+    if zero_fraction:
+        a[torch.rand(m, k, generator=g) < zero_fraction] = 0.0
+    return a
+
+
+# transformers' decoder families the tests build (the families nvfp4_gemm.fused fuses).
+_CAUSAL_LM_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "mistral": "MistralForCausalLM"}
+_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+                   "mistral": "MistralConfig"}
+# Every projection has K % 32 == 0 and N % 8 == 0: hidden 64, 4 heads of 16, 2 KV heads (k/v N = 32), MLP 128.
+TINY_CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def _spread_rows(model) -> None:
+    """Norm weights 1 + 0.1 N(0, 1); each row of a matrix N(0, 1) times its own power of two in 2^-8 .. 2^-4
+    (so that block scales differ); other vectors N(0, 0.02)."""
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        else:
+            p.copy_(torch.randn_like(p) * torch.exp2(torch.randint(-8, -3, p.shape[:1])).unsqueeze(-1)
+                    if p.dim() == 2 else torch.randn_like(p) * 0.02)
+
+
+def _unit_gain(model) -> None:
+    """Every matrix N(0, 1 / fan_in): transformers' std 0.02 leaves activations tiny, so W4A4 would round
+    nearly nothing."""
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.normal_(0, p.shape[1] ** -0.5)
+
+
+TINY_INITS = {"transformers": None, "spread_rows": _spread_rows, "unit_gain": _unit_gain}
+
+
+def tiny_causal_lm(family: str = "llama", seed: int = 0, *, init: str = "transformers",
+                   attn_implementation: str | None = None, **config):
+    """A random transformers causal LM of `family` (llama, qwen2, qwen3, mistral) in float32 and eval mode:
+    TINY_CONFIG with `config`'s entries over it, built after torch.manual_seed(seed), its weights then set by
+    `init` (TINY_INITS: transformers' own, "spread_rows" or "unit_gain")."""
+    import transformers
+
+    cfg = getattr(transformers, _CONFIG_CLASSES[family])(**{**TINY_CONFIG, **config})
+    if attn_implementation is not None:
+        cfg._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = getattr(transformers, _CAUSAL_LM_CLASSES[family])(cfg).float().eval()
+    if TINY_INITS[init] is not None:
+        with torch.no_grad():
+            TINY_INITS[init](model)
+    return model
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """One-byte dtypes (fp4x2, e4m3) as uint8: copy_ and zero_ are not implemented for all of them."""
     return t.view(torch.uint8) if t.element_size() == 1 else t

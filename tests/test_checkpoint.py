@@ -24,11 +24,11 @@ from nvfp4_gemm import NVFP4Linear
 from nvfp4_gemm.checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained
 from nvfp4_gemm.formats import dequantize, e4m3_to_float, from_blocked, unpack_e2m1
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
-from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF
+from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import save_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -48,27 +48,9 @@ def _weight_only_skip_reason() -> str | None:
 NO_WEIGHT_ONLY = _weight_only_skip_reason()
 
 
-def tiny_config(tie: bool = False, arch: str = "llama"):
-    # K % 32 == 0 and N % 8 == 0 for every projection: hidden 64, 4 heads of 16, 2 KV heads (k/v N = 32).
-    # Qwen2 adds biases to q/k/v.
-    config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    return config_class(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        tie_word_embeddings=tie, dtype="float32")
-
-
 def float_model(seed: int, tie: bool = False, arch: str = "llama") -> nn.Module:
-    torch.manual_seed(seed)
-    model_class = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[arch]
-    model = model_class(tiny_config(tie, arch)).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:  # spread over several binades, so that block scales differ
-                p.copy_(torch.randn_like(p) * torch.exp2(torch.randint(-8, -3, p.shape[:1])).unsqueeze(-1)
-                        if p.dim() == 2 else torch.randn_like(p) * 0.02)
-    return model
+    # (Qwen2 adds biases to q/k/v; rows over several binades, so that block scales differ)
+    return tiny_causal_lm(arch, seed, init="spread_rows", tie_word_embeddings=tie, dtype="float32")
 
 
 def token_ids(seed: int) -> torch.Tensor:

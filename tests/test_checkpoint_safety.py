@@ -161,10 +161,10 @@ def test_save_over_a_checkpoint_keeps_unrelated_files(ckpt, tmp_path):
 def test_save_without_an_atomic_exchange(ckpt, tmp_path, monkeypatch):
     """Where renameat2(RENAME_EXCHANGE) is missing, the old checkpoint is moved aside, the new one in, and
     the old one removed: the result is the new checkpoint alone."""
-    from nvfp4_gemm import checkpoint
+    from nvfp4_gemm import _atomic_dir
 
     d = fresh(ckpt[0], tmp_path)
-    monkeypatch.setattr(checkpoint, "_rename_exchange", lambda a, b: False)
+    monkeypatch.setattr(_atomic_dir, "_rename_exchange", lambda a, b: False)
     save_pretrained(ckpt[1], d, format="compressed-tensors", progress=False)
     assert not (d / "hf_quant_config.json").exists() and (d / "model.safetensors").exists()
     assert json.load(open(d / "config.json"))["quantization_config"]["quant_method"] == "compressed-tensors"
@@ -172,10 +172,10 @@ def test_save_without_an_atomic_exchange(ckpt, tmp_path, monkeypatch):
 
 
 def test_save_fsyncs_every_file_before_the_swap(ckpt, tmp_path, monkeypatch):
-    from nvfp4_gemm import checkpoint
+    from nvfp4_gemm import _checkpoint_save
 
     synced, swapped = [], []
-    real_fsync, real_swap = os.fsync, checkpoint._swap_in
+    real_fsync, real_swap = os.fsync, _checkpoint_save.swap_in
 
     def fsync(fd):
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
@@ -186,7 +186,7 @@ def test_save_fsyncs_every_file_before_the_swap(ckpt, tmp_path, monkeypatch):
         real_swap(staging, target)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(checkpoint, "_swap_in", swap)
+    monkeypatch.setattr(_checkpoint_save, "swap_in", swap)
     save_pretrained(ckpt[1], tmp_path / "out", max_shard_size="20KB", progress=False)
     names = {os.path.basename(p) for p in swapped[0]}
     assert set(os.listdir(tmp_path / "out")) <= names, "a file was not fsynced before the swap"

@@ -22,6 +22,7 @@ from nvfp4_gemm import fused as fused_mod
 from nvfp4_gemm import nn as nn_mod
 from nvfp4_gemm.fused import FusedNVFP4Linear
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
+from nvfp4_gemm.testing import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,25 +31,12 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 VOCAB, HIDDEN, LAYERS = 256, 128, 2
 
 
-def tiny_config(family: str, *, kv_heads: int = 4, head_dim: int = 32):
-    """8 query heads of 32 (q: N = 256), kv_heads of head_dim (k, v: N = kv_heads * head_dim), MLP 256."""
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS,
-                  num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=head_dim,
-                  max_position_embeddings=64, tie_word_embeddings=False)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "mistral": transformers.MistralConfig}[family]
-    cfg = cls(**common)
-    cfg._attn_implementation = "sdpa"
-    return cfg
-
-
-def tiny_model(family: str, seed: int = 0, **kw) -> nn.Module:
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **kw), dtype=torch.float32).eval()
-    with torch.no_grad():  # weights of std 0.02 leave activations tiny: spread them so W4A4 rounds something
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, p.shape[1] ** -0.5)
+def tiny_model(family: str, seed: int = 0, *, kv_heads: int = 4, head_dim: int = 32) -> nn.Module:
+    """8 query heads of head_dim (q: N = 256 at 32), kv_heads of head_dim (k, v: N = kv_heads * head_dim), MLP 256;
+    weights of gain 1 (transformers' std 0.02 leaves activations tiny: W4A4 would round nothing)."""
+    model = tiny_causal_lm(family, seed, init="unit_gain", attn_implementation="sdpa", vocab_size=VOCAB,
+                           hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=8,
+                           num_key_value_heads=kv_heads, head_dim=head_dim)
     if family == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q/k/v carry biases
     return model

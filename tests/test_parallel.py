@@ -431,7 +431,8 @@ def test_expert_parallel_per_expert_tensors(pool):
 def _load_worker(rank, world, src, out):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nvfp4_gemm import checkpoint as ckpt
+    from nvfp4_gemm import _checkpoint_load as ckpt
+    from nvfp4_gemm._checkpoint_io import read_all_headers
 
     mesh = init_device_mesh("cpu", (world,))
     whole_reads = []
@@ -451,7 +452,7 @@ def _load_worker(rank, world, src, out):
         model = nvfp4_gemm.from_pretrained(src, tp_plan="auto", device_mesh=mesh, progress=False)
     finally:
         ckpt.read_into, ckpt.read_tensor = real_into, real_tensor
-    entries = ckpt.read_all_headers(src)
+    entries = read_all_headers(src)
     sharded = [n for n, m in model.named_modules()
                if getattr(m, "_tp_shard", None) is not None and isinstance(m, NVFP4Linear)]
     assert len(sharded) == 2 * 7 + 1, sharded  # lm_head too (quantize_model quantized it)

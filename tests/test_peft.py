@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 import nvfp4_gemm  # noqa: E402
 from nvfp4_gemm import NVFP4Linear, quantize_model  # noqa: E402
 from nvfp4_gemm.peft import LoraNVFP4Linear, get_peft_model, load_adapter  # noqa: E402
+from nvfp4_gemm.testing import tiny_causal_lm  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -34,17 +35,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_llama(seed: int) -> nn.Module:
-    # Every projection has K % 32 == 0 and N % 8 == 0: hidden 64, 4 heads of 16, 2 KV heads, MLP 128.
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=False)
-    return transformers.LlamaForCausalLM(cfg).float().eval()
-
-
 def nvfp4_llama(seed: int, weight_only: bool = True) -> nn.Module:
-    model = tiny_llama(seed)
+    model = tiny_causal_lm("llama", seed)
     return quantize_model(model, filter=lambda name, _: name != "lm_head", weight_only=weight_only, progress=False)
 
 

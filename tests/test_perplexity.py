@@ -6,10 +6,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import sys
 
 import pytest
 import torch
+
+from nvfp4_gemm.testing import tiny_causal_lm
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -22,12 +23,8 @@ def _example():
 
 
 def _tiny_llama(seed: int):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   tie_word_embeddings=True)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    pytest.importorskip("transformers")
+    return tiny_causal_lm("llama", seed, max_position_embeddings=256, tie_word_embeddings=True)
 
 
 def test_fixture_text_is_long_enough():
