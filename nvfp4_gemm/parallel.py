@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Iterable, Mapping
 
@@ -54,11 +55,14 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from .formats import from_blocked, to_blocked
 from .nn import NVFP4Linear
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "tensor_parallel", "resolve_plan", "shard_bounds", "shard_weight", "shard_layer", "gather_layer",
     "NVFP4ColwiseParallel", "NVFP4RowwiseParallel", "RowwiseNVFP4Linear", "GatherNVFP4Linear",
     "expert_bounds", "shard_experts", "route_to_local", "ExpertParallel", "is_sharded", "save_pretrained",
-    "use_symmetric_memory", "read_rows", "read_cols",
+    "use_symmetric_memory", "all_reduce_sum", "gathered", "plan_layers", "shard_float_linear", "RowwiseLinear",
+    "GatherLinear", "LoadSharding", "read_rows", "read_cols",
 ]
 
 # transformers' plan strings -> what an NVFP4Linear does with them. The *_rep / *_gather_output forms gather
@@ -285,6 +289,13 @@ def use_symmetric_memory(group=None, max_elements: int = 1 << 20, device: torch.
     for dtype in dtypes:
         buf = symm_mem.empty(max_elements, dtype=dtype, device=device)
         symm_mem.rendezvous(buf, name)
+        try:  # the one-shot kernel does not take every dtype; every rank fails alike, so this stays collective
+            torch.ops.symm_mem.one_shot_all_reduce_copy(buf, torch.zeros(16, dtype=dtype, device=device), "sum", name)
+            torch.cuda.synchronize(device)
+        except RuntimeError as e:
+            log.warning("symmetric-memory one-shot all-reduce refuses %s (%s): such tensors go through float32",
+                        dtype, e)
+            continue
         _SYMM[(name, dtype)] = buf
 
 
@@ -292,9 +303,13 @@ def all_reduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
     """The sum over the group's ranks of t (a new tensor). Functional collectives: traceable by
     torch.compile, capturable in a CUDA graph (NCCL); the symmetric-memory one-shot where registered."""
     name = _group_name(group)
-    buf = _SYMM.get((name, t.dtype)) if _SYMM else None
-    if buf is not None and t.is_cuda and t.numel() <= buf.numel():
-        return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t.contiguous(), "sum", name)
+    if _SYMM and t.is_cuda:
+        buf = _SYMM.get((name, t.dtype))
+        if buf is not None and t.numel() <= buf.numel():
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t.contiguous(), "sum", name)
+        buf = _SYMM.get((name, torch.float32))
+        if buf is not None and t.dtype in (torch.float16, torch.bfloat16) and t.numel() <= buf.numel():
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t.float(), "sum", name).to(t.dtype)
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(t.contiguous(), "sum", name))
 
 
@@ -308,7 +323,10 @@ def _all_gather_last(t: torch.Tensor, rank: int, world: int, group=None) -> torc
     buffer registered for t's dtype (use_symmetric_memory), an all-reduce of zero-padded blocks instead (each
     element is one rank's value plus zeros: exact), so that no NCCL collective is left in the step."""
     name = _group_name(group)
-    buf = _SYMM.get((name, t.dtype)) if _SYMM else None
+    buf = None
+    if _SYMM:
+        buf = _SYMM.get((name, t.dtype))
+        buf = buf if buf is not None else _SYMM.get((name, torch.float32))
     if buf is not None and t.is_cuda and t.numel() * world <= buf.numel():
         full = t.new_zeros(*t.shape[:-1], world, t.shape[-1])
         full[..., rank, :] = t
