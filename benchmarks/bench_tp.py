@@ -1,27 +1,30 @@
 """Tensor parallelism on two GPUs (nvfp4_gemm.parallel, docs/PARALLEL.md). Runs under torchrun, 2 processes:
 
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/bench_tp.py --part diag
-    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/bench_tp.py --part check,decode --layers-70b 40
+    export NCCL_NVLS_ENABLE=0   # NVLink multicast off (the lent machines' rule; the script also sets it)
+    torchrun --nproc-per-node 2 benchmarks/bench_tp.py --part diag   --json diag.json
+    torchrun --nproc-per-node 2 benchmarks/bench_tp.py --part check  --json check.json
+    torchrun --nproc-per-node 2 benchmarks/bench_tp.py --part decode --layers-70b 40 --json decode.json
 
 Parts (rank 0 prints; --json PATH gets every record, rewritten after each one so a cut-off run keeps them):
-  diag    NCCL inside one torch.cuda.graph: eager warm-up all-reduces first (the communicator exists before any
-          capture: init_process_group(device_id=) makes it eagerly), then 1, 10 and 100 all-reduces of 8K fp16
-          captured on a dedicated stream and replayed (values checked, us per all-reduce), each through the c10d
-          in-place all_reduce and through the functional collective that compiled code uses; then the same
-          chains through torch's symmetric-memory one-shot all-reduce (fp32 and fp16). Every step runs under a
-          watchdog (faulthandler: the Python stacks of every thread are printed and the process exits after
-          --watchdog seconds), so a hang ends the run with its place instead of holding the machine.
+  diag    NCCL inside one torch.cuda.graph. The communicator is made eagerly (init_process_group(device_id=)) and
+          five eager all-reduces run before any capture; then chains of 1, 10 and 100 all-reduces of 8K values
+          are captured on a dedicated stream, replayed, checked (every value) and timed (us per all-reduce):
+          through torch's symmetric-memory one-shot all-reduce (fp32, fp16) first, then the functional
+          collective that compiled code uses, then c10d's in-place all_reduce. Every step runs under a watchdog
+          (faulthandler: every thread's Python stack is printed and the process exits after --watchdog
+          seconds), so a hang ends the run at its place, after the steps before it were recorded.
   check   TP=2 against TP=1 on the same random weights: a Llama with Llama-3-8B's shapes (--layers-8b decoder
           layers; weight-only and dynamic W4A4 NVFP4, quantize_model), logits compared and every NVFP4 layer of
           the first decoder layer checked against SPEC.md's bound of its whole weights on the input it saw; a
           Qwen3-MoE-shaped model (Qwen3-30B-A3B's widths, 128 experts, top 8; --layers-moe layers): attention
-          NVFP4 tensor parallel, the (float) experts expert-parallel (nvfp4_gemm.parallel.ExpertParallel).
+          NVFP4 tensor parallel, experts expert-parallel (nvfp4_gemm.parallel.ExpertParallel).
   decode  The decode step (batch 1, context --context, compiled with inductor, one CUDA graph per rank captured
-          by hand, median of --replays replays; bench_generate.decode_step) for Llama-3-70B's shapes with
-          --layers-70b decoder layers (random weights built shard by shard): NVFP4 weight-only at TP=1 (each
-          rank on its own GPU), at TP=2 with NCCL all-reduces in the graph and with symmetric-memory one-shot
-          all-reduces, and fp16 at TP=2 (same two). Targets: NVFP4 TP=2 <= 0.65x TP=1; fp16 TP=2 / NVFP4 TP=2
-          >= 1.8. lm_head (fp16) is colwise with gathered output at TP=2 in both.
+          by hand, median of --replays replays: bench_generate.decode_step) for Llama-3-70B's shapes with
+          --layers-70b decoder layers (random weights built shard by shard: no rank ever holds the whole fp16
+          model), lm_head fp16 (colwise, output gathered, at TP=2). --variants, in this order by default:
+          nvfp4-tp1 (weight-only, each rank on its own GPU), nvfp4-tp2-symm and fp16-tp2-symm (symmetric-memory
+          one-shot all-reduces, no NCCL in the step), nvfp4-tp2-nccl and fp16-tp2-nccl (NCCL in the graph;
+          last, in case it hangs). Targets: NVFP4 TP=2 <= 0.65x TP=1; fp16 TP=2 / NVFP4 TP=2 >= 1.8.
 
 --device cpu runs check and decode on tiny shapes with gloo (no graphs, no compile): checks the script only.
 """
@@ -43,12 +46,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    import nvfp4_gemm
-except ImportError:  # an in-place build run from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import nvfp4_gemm
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+if os.path.isdir(os.path.join(os.path.dirname(_HERE), "nvfp4_gemm")):
+    sys.path.insert(0, os.path.dirname(_HERE))  # the checkout this script is in, not another installed copy
+import nvfp4_gemm  # noqa: E402
 from nvfp4_gemm import NVFP4Linear, parallel  # noqa: E402
 from nvfp4_gemm.formats import to_blocked  # noqa: E402
 
