@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import warnings
 from typing import Iterable, Mapping
 
 import torch
@@ -680,7 +681,12 @@ class ExpertParallel(ParallelStyle):
     the sum of its top-k experts' contributions, each computed on the rank that holds the expert.
     The others' slots get transformers' sentinel id (num_experts local) where the module skips it: its own
     experts modules (transformers.*), or a module whose `expert_parallel_sentinel` attribute is True;
-    otherwise (route_to_local's sentinel=False) local expert 0 with weight 0."""
+    otherwise (route_to_local's sentinel=False) local expert 0 with weight 0.
+    The module gets `ep_all_reduce_max(t)` (the elementwise max of t over the ranks, a functional collective):
+    a module whose dynamic W4A4 input scale comes from the amax of ALL experts' rows (the down projection's
+    input) must pass its local amax through it for the one-process scales. A dynamic W4A4 module that does
+    not declare `expert_parallel_sentinel` gets a warning: the extra rows of the fallback and the local-only
+    amax change its input scales (a valid NVFP4 run, not the one-process numbers)."""
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         group, rank, world = _mesh_group_rank(device_mesh)
@@ -705,6 +711,12 @@ class ExpertParallel(ParallelStyle):
 
         sentinel = bool(getattr(module, "expert_parallel_sentinel", False)) or \
             (type(module).__module__ or "").startswith("transformers.")
+        object.__setattr__(module, "ep_all_reduce_max", lambda t: _all_reduce_max(t, group))
+        if getattr(module, "weight_only", True) is False and getattr(module, "static_input_scale", True) is False \
+                and not sentinel:
+            warnings.warn(f"ExpertParallel: {type(module).__name__} is dynamic W4A4 and does not skip the sentinel "
+                          f"expert id (expert_parallel_sentinel): its per-call input scales will come from this "
+                          f"rank's rows, so the outputs differ from one process's", UserWarning, stacklevel=2)
 
         def pre(mod, args, kwargs):
             hidden, idx, weights, *rest = args

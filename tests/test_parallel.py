@@ -404,6 +404,7 @@ def _experts_worker(rank, world):
         with torch.no_grad():
             outs.append(model(hidden, idx, w))
     assert torch.equal(outs[0], outs[1])
+    assert model.ep_all_reduce_max(torch.tensor([rank + 1.0, -rank])).tolist() == [float(world), 0.0]
     assert model.num_experts == 4 and model.up.shape[0] == 4
     assert torch.equal(model.up, whole.up[rank * 4:(rank + 1) * 4])
     assert torch.equal(model.down_scale, whole.down_scale[rank * 4:(rank + 1) * 4])
