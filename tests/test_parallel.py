@@ -429,7 +429,7 @@ def test_expert_parallel_per_expert_tensors(pool):
     pool.run(_experts_worker)
 
 
-def _load_worker(rank, world, src, out):
+def _load_worker(rank, world, src, out, fmt):
     from torch.distributed.device_mesh import init_device_mesh
 
     from nvfp4_gemm import _checkpoint_load as ckpt
@@ -457,7 +457,8 @@ def _load_worker(rank, world, src, out):
     sharded = [n for n, m in model.named_modules()
                if getattr(m, "_tp_shard", None) is not None and isinstance(m, NVFP4Linear)]
     assert len(sharded) == 2 * 7 + 1, sharded  # lm_head too (quantize_model quantized it)
-    sliced = [f"{n}.{r}" for n in sharded for r in ("weight", "weight_scale")]
+    packed = "weight_packed" if fmt == "compressed-tensors" else "weight"
+    sliced = [f"{n}.{r}" for n in sharded for r in (packed, "weight_scale")]
     assert not set(sliced) & set(whole_reads), sorted(set(sliced) & set(whole_reads))
     expected = sum(entries[name].nbytes for name in sliced) // world
     assert parallel.BYTES_READ[0] == expected, (parallel.BYTES_READ[0], expected)
@@ -474,7 +475,7 @@ def _load_worker(rank, world, src, out):
     with torch.no_grad():
         assert torch.equal(model(ids()).logits, ref_model(ids()).logits)
     # Save from the sharded model: one ordinary checkpoint, the original tensors bit for bit.
-    nvfp4_gemm.save_pretrained(model, out, format="modelopt", progress=False)
+    nvfp4_gemm.save_pretrained(model, out, format=fmt, max_shard_size="200KB", progress=False)
     dist.barrier()
     back = nvfp4_gemm.from_pretrained(out, progress=False)
     a, b = back.state_dict(), whole.state_dict()
@@ -485,11 +486,48 @@ def _load_worker(rank, world, src, out):
     assert not parallel.is_sharded(back) and parallel.is_sharded(model)
 
 
-def test_sharded_load_and_save(pool, tmp_path):
-    """from_pretrained(tp_plan="auto", device_mesh=) on a ModelOpt checkpoint of a quantized tiny Llama: the
-    sharded layers' tensors are never read whole, the bytes read are exactly their slices, the result is
-    the whole load sharded; save_pretrained from the shards writes the original tensors bit for bit."""
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_sharded_load_and_save(pool, tmp_path, fmt):
+    """from_pretrained(tp_plan="auto", device_mesh=) on a checkpoint (several safetensors files) of a quantized
+    tiny Llama: the sharded layers' tensors are never read whole, the bytes read are exactly their slices,
+    the result is the whole load sharded; save_pretrained from the shards writes the original tensors bit
+    for bit."""
     model = _quantized_llama("static")
     src = tmp_path / "src"
-    nvfp4_gemm.save_pretrained(model, src, format="modelopt", progress=False)
-    pool.run(_load_worker, str(src), str(tmp_path / "out"))
+    nvfp4_gemm.save_pretrained(model, src, format=fmt, max_shard_size="200KB", progress=False)
+    assert len(list(src.glob("*.safetensors"))) > 1
+    pool.run(_load_worker, str(src), str(tmp_path / "out"), fmt)
+
+
+def _bench_worker(rank, world):
+    import argparse
+    import sys
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench_tp
+
+    bench_tp.RANK, bench_tp.RECORDS[:] = rank, []
+    args = argparse.Namespace(layers_8b=1, layers_moe=1, layers_70b=1, context=8, replays=2, compile=False,
+                              decode_watchdog=300.0, json=None, dtype=torch.float32,
+                              variants="nvfp4-tp1,nvfp4-tp2-nccl,fp16-tp2-nccl")
+    dev, mesh = torch.device("cpu"), DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    bench_tp.check_llama(args, world, dev, mesh, "dynamic")
+    bench_tp.check_moe(args, world, dev, mesh)
+    bench_tp.decode(args, world, dev, mesh)
+    recs = bench_tp.RECORDS
+    assert [r["part"] for r in recs] == ["check", "check", "decode", "decode", "decode", "targets"], recs
+    assert not [r for r in recs if "error" in r], recs
+    assert recs[0]["spec_ok"] and recs[0]["top1_agree"] == 1.0 and recs[1]["top1_agree"] == 1.0, recs[:2]
+    assert recs[1]["local_experts"] == TINY_EXPERTS // world, recs[1]
+    assert all(r["finite"] for r in recs[2:5]), recs[2:5]
+
+
+TINY_EXPERTS = 8
+
+
+def test_bench_tp_script_on_cpu(pool):
+    """benchmarks/bench_tp.py's check and decode parts on tiny shapes (what the two-GPU run executes, minus
+    graphs and compile): no error, TP=2 within SPEC.md's bound layer by layer, MoE experts split."""
+    pool.run(_bench_worker)
