@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import gc
 import json
 import os
 import statistics
@@ -453,9 +454,22 @@ def main() -> int:
         if "decode" in parts:
             decode(args, world, dev, mesh)
     finally:
-        dist.destroy_process_group()
+        if dev.type == "cpu":
+            dist.destroy_process_group()
+    if dev.type == "cpu":
+        return 0
+    # NCCL: no destroy_process_group. ncclCommDestroy waits until every CUDA graph that captured a collective
+    # on the communicator has been destroyed (NCCL's persistent references), and a graph still referenced
+    # anywhere makes it wait forever (pytorch/pytorch#115388): the process ends after a barrier instead.
+    with watchdog("final barrier", args.watchdog):
+        gc.collect()
+        torch.cuda.synchronize()
+        dist.barrier()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
