@@ -178,6 +178,29 @@ def diag(args, world: int, dev: torch.device) -> None:
             except Exception as e:  # noqa: BLE001
                 rec["error"] = f"{type(e).__name__}: {e}"
             record(args, **rec)
+    # Last (it may hang): the first collective of a NEW group inside the capture, no eager warm-up. If the
+    # communicator is created lazily, its creation happens during capture: the suspected cause of the hang
+    # seen before. The watchdog ends the run here if so; everything above is recorded.
+    rec = dict(part="diag", kind="new group, first all-reduce inside the capture", dtype="torch.float16",
+               allreduces=1)
+    try:
+        with watchdog("new group: capture without warm-up", args.watchdog):
+            group = dist.new_group(backend="nccl")
+            x = torch.full((8192,), float(RANK + 1), dtype=torch.float16, device=dev)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                y = x.clone()
+                dist.all_reduce(y, group=group)
+            graph.replay()
+            torch.cuda.synchronize()
+            rec["captured"] = True
+            rec["replay_ok"] = bool((y == sum(r + 1 for r in range(world))).all())
+            del graph
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"{type(e).__name__}: {e}"
+    record(args, **rec)
 
 
 # ------------------------------------------------------------------------------------------ models
