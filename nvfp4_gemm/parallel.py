@@ -2,19 +2,19 @@
 
     mesh = torch.distributed.device_mesh.init_device_mesh("cuda", (world,))   # under torchrun
     model = nvfp4_gemm.from_pretrained(path, device=f"cuda:{rank}", tp_plan="auto", device_mesh=mesh)
-    model = nvfp4_gemm.parallel.tensor_parallel(quantized_model, mesh)        # an already built model
+    model = parallel.tensor_parallel(quantized_model, mesh)   # (from nvfp4_gemm import parallel) a built model
     nvfp4_gemm.save_pretrained(model, "out")                                  # every rank calls; rank 0 writes
 
 The plan is transformers' own: `config.base_model_tp_plan` (+ the model's `_tp_plan` for lm_head), whose
 strings ("colwise", "rowwise", "colwise_gather_output"/"colwise_rep") are mapped here to ParallelStyles of
 torch.distributed.tensor.parallel and applied with its `parallelize_module` (fnmatch on module names, as
-transformers does). Only NVFP4Linear layers are sharded; every other module (embeddings, norms, a float
-lm_head, routers) stays replicated.
+transformers does). NVFP4Linear layers and plain float nn.Linear layers the plan names (an fp16 lm_head) are
+sharded; every other module (embeddings, norms, routers) stays replicated.
 
 Sharding (SPEC.md's formats, exact: the shards hold the checkpoint's own bytes):
   * colwise (split N): rows r0:r1 of the packed weight [N, K/2] and of the logical [N, K/16] scales, the
-    scales re-laid in the 128x4 blocked layout for N/world rows (a pure atom slice when N/world is a
-    multiple of 128, a re-blocking otherwise); the bias rows r0:r1. N/world must be a multiple of 8 (the
+    scales laid out again in the 128x4 blocked layout for N/world rows (for whole 128-row blocks that is
+    the same bytes as a slice of whole atoms); the bias rows r0:r1. N/world must be a multiple of 8 (the
     kernels' 16-byte output rows). Input replicated, output the rank's N/world columns: no collective.
   * rowwise (split K): columns c0:c1 of x's K, i.e. packed columns c0/2:c1/2 and scale columns c0/16:c1/16,
     re-blocked per shard. K/world must be a multiple of 32 (the kernels' K rule; shards of a multiple of
@@ -36,8 +36,8 @@ Sharding (SPEC.md's formats, exact: the shards hold the checkpoint's own bytes):
 
 Collectives go through torch.ops._c10d_functional (traceable by torch.compile, capturable in CUDA graphs with
 NCCL), or, after `use_symmetric_memory(group, ...)`, through torch's symmetric-memory one-shot all-reduce
-(CUDA only). Tested on CPU with gloo (tests/test_parallel.py) and on two GPUs with NCCL
-(benchmarks/bench_tp.py).
+(CUDA only). Tested on CPU with gloo (tests/test_parallel.py); benchmarks/bench_tp.py runs the two-GPU
+checks and timings with NCCL.
 """
 from __future__ import annotations
 
