@@ -531,3 +531,28 @@ def test_bench_tp_script_on_cpu(pool):
     """benchmarks/bench_tp.py's check and decode parts on tiny shapes (what the two-GPU run executes, minus
     graphs and compile): no error, TP=2 within SPEC.md's bound layer by layer, MoE experts split."""
     pool.run(_bench_worker)
+
+
+def _refusal_worker(rank, world):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=384, intermediate_size=512, num_hidden_layers=1,
+                                   num_attention_heads=6, num_key_value_heads=3, head_dim=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    nvfp4_gemm.quantize_model(model, weight_only=True, progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"config.num_key_value_heads = 3 is not divisible by 2"):
+        parallel.tensor_parallel(model)
+    with pytest.raises(ValueError, match=r"the plan \{'model.layers.\*.mlp.nothing': 'rowwise'\} names no "
+                                         r"NVFP4Linear layer"):
+        parallel.tensor_parallel(model, tp_plan={"model.layers.*.mlp.nothing": "rowwise"})
+    assert not parallel.is_sharded(model)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_refusals_change_nothing(pool):
+    """A model whose KV heads do not split over the ranks, and a plan naming nothing, are refused by name
+    before any layer is changed."""
+    pool.run(_refusal_worker)
