@@ -117,6 +117,8 @@ def from_pretrained(
     progress: bool = True,
     trust_remote_code: bool = False,
     fuse: bool = True,
+    tp_plan: str | dict | None = None,
+    device_mesh=None,
 ) -> nn.Module:
     """Loads a checkpoint directory into a transformers model (AutoModelForCausalLM.from_config) whose
     quantized Linear layers are NVFP4Linear, on `device` (default CPU), in eval mode.
@@ -144,6 +146,10 @@ def from_pretrained(
     each (nvfp4_gemm.fuse_projections; exact, the model still looks unfused from outside): one alpha where
     the parts share their per-tensor scales, each part's own alpha where their weight_scale_2 differ;
     parts with different static input scales stay unfused. False keeps one GEMM per layer.
+    tp_plan / device_mesh: load tensor-parallel shards (nvfp4_gemm.parallel, docs/PARALLEL.md): every rank of
+    the 1-D device_mesh (None: the default process group) calls this and reads only its slice of each sharded
+    layer's tensors. tp_plan "auto" (the default once either is given) is transformers' plan of the model
+    (config.base_model_tp_plan, lm_head from the model's _tp_plan), or a dict {module pattern: style}.
     Raises CheckpointError / UnsupportedFormatError naming the file and the tensor for a bad checkpoint.
     """
     from tqdm.auto import tqdm
@@ -191,6 +197,14 @@ def from_pretrained(
     tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if getattr(
         config, "tie_word_embeddings", False) else set()
     layers = plan_layers(model, fmt, weight_only, exclude, tied)
+    tp = None
+    if tp_plan is not None or device_mesh is not None:
+        if quantize:
+            raise ValueError("from_pretrained: quantize=True cannot load tensor-parallel shards (the per-tensor "
+                             "scales need whole weights); quantize and save first, then load sharded")
+        from .parallel import LoadSharding
+
+        tp = LoadSharding(model, layers, tp_plan, device_mesh)
     exp = expectations(model, layers, fmt, tied)
     exp = {k: e for k, e in exp.items() if not (e.optional and k not in entries)}
     ignore_unexpected = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
@@ -230,9 +244,14 @@ def from_pretrained(
                         got[e.layer] += 1
                         if fmt is not None:
                             plan = layers[e.layer]
+                            sharded = tp is not None and plan.name in tp
                             if plan.name not in building:
-                                building[plan.name] = new_layer(plan, device, dtype)
-                            _load_role(building[plan.name], plan, e.role, f, ent, fmt)
+                                building[plan.name] = new_layer(tp.local_plan(plan) if sharded else plan, device,
+                                                                dtype)
+                            if sharded:
+                                tp.load_role(building[plan.name], plan, e.role, f, ent, fmt)
+                            else:
+                                _load_role(building[plan.name], plan, e.role, f, ent, fmt)
                             if got[plan.name] == need[plan.name]:
                                 _replace_module(model, plan.name, building.pop(plan.name))
                                 layer_bar.update(1)
@@ -258,6 +277,8 @@ def from_pretrained(
     if left:
         raise CheckpointError(f"{directory}: the checkpoint left {left[:5]} uninitialized (not in any shard)")
     model.eval()
+    if tp is not None:
+        tp.finish(model)
     if calibrate is not None:
         _calibrate(model, {n: p for n, p in layers.items() if not any(n.startswith(m + ".") for m in moe_names)},
                    calibrate)

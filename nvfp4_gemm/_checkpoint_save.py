@@ -116,6 +116,11 @@ def save_pretrained(
     if format is not None and format not in FORMATS:
         raise ValueError(f"save_pretrained: format must be one of {FORMATS} or None (chosen from the model), "
                          f"got {format!r}")
+    if any(getattr(m, "_tp_shard", None) is not None for m in model.modules()):
+        from .parallel import save_pretrained as save_sharded  # every rank calls; rank 0 writes the whole model
+
+        return save_sharded(model, path, format, tokenizer=tokenizer, max_shard_size=max_shard_size,
+                            progress=progress)
     if _moe_checkpoint.has_experts(model):
         # experts are written per expert, as every MoE checkpoint names them; the model is restored after
         with _moe_checkpoint.per_expert_view(model):
