@@ -196,6 +196,11 @@ def spread_activations(m: int, k: int, seed: int, zero_fraction: float = 0.0) ->
     return a
 
 
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (how far logits or outputs are from a reference, as one number)."""
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
 # transformers' decoder families the tests build (the families nvfp4_gemm.fused fuses).
 _CAUSAL_LM_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                       "mistral": "MistralForCausalLM"}

@@ -25,7 +25,7 @@ from nvfp4_gemm import NVFP4Linear
 from nvfp4_gemm.checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained
 from nvfp4_gemm.formats import dequantize, e4m3_to_float, from_blocked, unpack_e2m1
 from nvfp4_gemm.quantize import finite_amax, global_encode_scale
-from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, tiny_causal_lm
+from nvfp4_gemm.testing import SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, rel_error, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import save_file  # noqa: E402
@@ -244,10 +244,6 @@ def reference_model(src: nn.Module, ref: dict[str, torch.Tensor]) -> nn.Module:
         sd[f"{n}.weight"] = w.float()
     model.load_state_dict({k: v for k, v in sd.items() if k in model.state_dict()}, strict=True)
     return model
-
-
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def assert_same_state(a: nn.Module, b: nn.Module) -> None:

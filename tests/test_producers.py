@@ -34,6 +34,7 @@ from nvfp4_gemm import NVFP4Linear
 from nvfp4_gemm.checkpoint import from_pretrained, save_pretrained
 from nvfp4_gemm.formats import E2M1_VALUES, dequantize, from_blocked
 from nvfp4_gemm.quantize import finite_amax
+from nvfp4_gemm.testing import rel_error
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -72,10 +73,6 @@ def quantized_names(t: dict[str, torch.Tensor]) -> list[str]:
 
 def token_ids(seed: int = 0, rows: int = 4, length: int = 16) -> torch.Tensor:
     return torch.randint(0, 128, (rows, length), generator=torch.Generator().manual_seed(seed))
-
-
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 # ------------------------------------------------------------------ the producers' own decoders and quantizers
