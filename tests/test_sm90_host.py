@@ -50,3 +50,31 @@ def test_decode_word_every_word(tmp_path):
     run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:]
     assert "decode_word_test: ok" in run.stdout
+
+
+def test_dispatch_listing_unchanged():
+    """The SM90 dispatch decision over a grid of shapes, modes, output dtypes and SM counts (automatic, forced, and
+    the chosen config's workspace, i.e. its split plan) is what tests/sm90_host/dispatch_listing.txt.gz records:
+    a change to the dispatch code that moves any shape shows up here as a diff. After a deliberate change of the
+    table, rewrite the file with `python3 tests/sm90_host/build_dispatch_listing.py --out /tmp/l.txt && gzip -9 -n
+    -c /tmp/l.txt > tests/sm90_host/dispatch_listing.txt.gz`."""
+    if _NVCC is None:
+        pytest.skip("no nvcc found (PATH or /usr/local/cuda/bin)")
+    import difflib
+    import gzip
+    import sys
+
+    try:
+        import build_manifest as bm  # noqa: F401
+
+        bm.cutlass_include_dirs()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"CUTLASS headers not found ({e})")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sm90_host", "build_dispatch_listing.py")],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    with gzip.open(os.path.join(ROOT, "tests", "sm90_host", "dispatch_listing.txt.gz"), "rt") as f:
+        want = f.read()
+    if r.stdout != want:
+        diff = list(difflib.unified_diff(want.splitlines(), r.stdout.splitlines(), "recorded", "now", lineterm="", n=0))
+        pytest.fail(f"{len(diff)} diff lines; first ones:\n" + "\n".join(diff[:40]))
