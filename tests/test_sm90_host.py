@@ -78,3 +78,50 @@ def test_dispatch_listing_unchanged():
     if r.stdout != want:
         diff = list(difflib.unified_diff(want.splitlines(), r.stdout.splitlines(), "recorded", "now", lineterm="", n=0))
         pytest.fail(f"{len(diff)} diff lines; first ones:\n" + "\n".join(diff[:40]))
+
+
+def _sm90_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sm90_generate", os.path.join(ROOT, "csrc", "sm90", "generate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_generated_files_are_current():
+    """csrc/sm90/generated/ (instantiation TUs, table.inc, configs.md) is what generate.py renders from its table."""
+    import sys
+
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "csrc", "sm90", "generate.py"), "--check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_table_has_reasons_and_every_m_a_rule():
+    gen = _sm90_table()
+    names = [c.name for c in gen.CONFIGS]
+    assert len(set(names)) == len(names)
+    for c in gen.CONFIGS:
+        assert c.why and c.kind == "dense", c
+        for suffix, _, _ in c.instantiations():
+            assert os.path.isfile(os.path.join(ROOT, "csrc", "sm90", "generated", f"{c.name}_{suffix}.cu"))
+    for r in gen.RULES:
+        assert r.why, r
+    # The walk of select() on the table alone: at every M each mode ends on a rule that names a config or a
+    # refusal, never only on `prefer` rules.
+    for m in list(range(1, 300)) + [2047, 2048, 8192, 1 << 20]:
+        for mode in gen.MODES:
+            hits = [r for r in gen.RULES if r.m_min <= m and (r.m_max is None or m <= r.m_max) and mode in r.modes]
+            assert any(not r.prefer and r.config is not gen.GENERIC for r in hits), (m, mode)
+
+
+def test_built_module_lists_the_table():
+    import nvfp4_gemm
+
+    listed = nvfp4_gemm.configs().get("sm90")
+    if listed is None:
+        pytest.skip("_C_sm90 not in this build: nvfp4_gemm.configs() has no sm90 entry")
+    gen = _sm90_table()
+    assert listed == [c.name for c in gen.CONFIGS]
+    assert nvfp4_gemm.dispatch_rules()["sm90"] == gen.rules_text()

@@ -90,16 +90,15 @@ bool is_a16(const Problem& p) {
 // Whether the wgmma kernel multiplies in bf16 (bf16 activations); otherwise fp16 (NVFP4 A decodes to fp16).
 bool mma_bf16(const Problem& p) { return is_a16(p) && p.a_type == AType::kBFloat16; }
 
-#define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
-#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B, R) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R),
-#define NVFP4_SM90_WK_NAME_ENTRY(T, S, B) NVFP4_SM90_WK_NAME(T, S, B),
-constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
-                                            NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)
-                                                NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_NAME_ENTRY)};
-#undef NVFP4_SM90_NAME_ENTRY
-#undef NVFP4_SM90_SMALL_M_NAME_ENTRY
-#undef NVFP4_SM90_WK_NAME_ENTRY
-static_assert(sizeof(kConfigNames) / sizeof(kConfigNames[0]) == kNumConfigs, "one name per config");
+// BackendApi::config_names: the table's names, in config-index order.
+const char* const* config_names() {
+  static const char* const* names = [] {
+    static const char* list[kNumConfigs];
+    for (int i = 0; i < kNumConfigs; ++i) list[i] = kConfigs[i].name;
+    return list;
+  }();
+  return names;
+}
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
 // bounded (the issue's 64 MiB) whatever M is.
@@ -823,13 +822,13 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
-  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) {
+  if (dynamic_a(*p) && kConfigs[config].family == Family::kSmallM) {
     if (why && why_len)
       std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced and wgmma configs do)",
                     kConfigs[config].name);
     return false;
   }
-  if (kConfigs[config].kind == Kind::kWarpK) {
+  if (kConfigs[config].family == Family::kWarpK) {
     // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
     const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
     if (dynamic_a(*p)) {  // one launch whose quantization grid meets at a grid-wide barrier (run_wk)
@@ -872,7 +871,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     return true;
   }
-  if (kConfigs[config].kind == Kind::kSmallM) {
+  if (kConfigs[config].family == Family::kSmallM) {
     if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {  // 32-bit row / K indices
       if (why && why_len)
         std::snprintf(why, why_len, "%s takes M <= 2^31 - 1 and N, K <= 2^30; got M=%lld N=%lld K=%lld",
@@ -939,50 +938,59 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
   return true;
 }
 
-// Both read the dispatch table (configs.h, kDispatch).
-bool prefers_generic(const Problem* p, const DeviceInfo*) { return dispatch_row(p->m).prefer_generic; }
+// The A form of a problem, as the rules name it (configs.h Mode).
+unsigned mode_of(const Problem& p) {
+  if (dynamic_a(p)) return kModeDynamic;
+  if (quantizes_a(p)) return kModeStatic;
+  if (p.a_type == AType::kE2m1) return kModeW4a4;
+  return p.a_type == AType::kFloat32 ? kModeW4a16F32 : kModeW4a16;
+}
 
-// configs.h, kDeepSmallM: the 16-token small-M config in place of the 8-token one where the latter would run
-// unsplit at fewer CTAs than its deeper sibling holds in one wave.
-bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
-  const int deep = config_index(kDeepSmallM);
-  if (kConfigs[config].kind != Kind::kSmallM || kConfigs[config].tokens != 8 || deep < 0) return false;
+// A rule's extra condition (configs.h When; generate.py WHEN).
+bool rule_holds(const Rule& r, const Problem& p, const DeviceInfo* dev) {
+  if (r.when == When::kAlways) return true;
+  // kUnsplitSmallM8: the 8-token small-M config would run unsplit with more K blocks per CTA than its depth, and
+  // the rule's config holds every row block in one wave.
+  const int small8 = config_index(Family::kSmallM, 8);
   const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  const SmallMPlan pl = make_small_m_plan(p, config, sms);
-  return pl.splits == 1 && pl.kb > kConfigs[config].stages &&
-         pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
+  const SmallMPlan pl = make_small_m_plan(p, small8, sms);
+  return pl.splits == 1 && pl.kb > kConfigs[small8].stages &&
+         pl.row_blocks <= static_cast<int64_t>(kConfigs[r.config].ctas_per_sm) * sms;
 }
 
-// configs.h, kWkPick / kWkPick8: the K-sliced config that takes this problem, or -1.
-int wk_pick(const Problem& p, const DeviceInfo* dev) {
-  if (p.m < 1 || p.m > kWkMaxM) return -1;
-  const int wk = config_index(p.m <= 8 ? kWkPick8 : kWkPick);
-  return wk >= 0 && can_run(&p, wk, dev, nullptr, 0) ? wk : -1;
+// Whether a rule of the table applies to this problem (its config aside).
+bool rule_applies(const Rule& r, const Problem& p, unsigned mode) {
+  return r.kind == Kind::kDense && rule_covers(r, p.m) && (r.modes & mode) != 0;
 }
 
+// Automatic dispatch hands the problem to the generic path where a generic rule covers it.
+bool prefers_generic(const Problem* p, const DeviceInfo*) {
+  const unsigned mode = mode_of(*p);
+  for (const Rule& r : kRules)
+    if (r.config == kGenericConfig && rule_applies(r, *p, mode)) return true;
+  return false;
+}
+
+// The table's rules in order: the first that applies, whose condition holds and whose config can run the problem
+// gives the config; a refusal rule ends the walk. `why`: the last refusal of a rule not marked `prefer`.
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  const DispatchRow& row = dispatch_row(p->m);
-  const int config = config_index(row.config), fallback = config_index(row.fallback);
-  // Float A quantized on the fly (linear's W4A4) takes the K-sliced kernel wherever the packed form does, so
-  // linear(x) runs the kernel mm(quantize(x)) runs, on the same bits (run_wk).
-  if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
-  if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
-    return config_index(kDeepSmallM);
-  if (can_run(p, config, dev, why, why_len)) return config;
-  // Dynamic scales where the row's config is a small-M one: packed A at this M runs that config, so linear
-  // forms the scales first and runs it too (mm(quantize(x)) bit for bit) rather than the wgmma fallback.
-  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) return -1;
-  if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
+  const unsigned mode = mode_of(*p);
+  for (const Rule& r : kRules) {
+    if (!rule_applies(r, *p, mode) || r.config == kGenericConfig) continue;
+    if (r.config == kRefuseConfig) return -1;
+    if (!rule_holds(r, *p, dev)) continue;
+    if (can_run(p, r.config, dev, r.prefer ? nullptr : why, r.prefer ? 0 : why_len)) return r.config;
+  }
   return -1;
 }
 
 size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
   const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kSmallM) {
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].family == Family::kSmallM) {
     const SmallMPlan pl = make_small_m_plan(*p, config, sms);
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
   }
-  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].family == Family::kWarpK) {
     return static_cast<size_t>(make_wk_plan(*p, config, sms).bytes());
   }
   return static_cast<size_t>(make_plan(*p, config, sms).bytes());
@@ -994,8 +1002,8 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     set_msg(err, err_len, "sm90: config index out of range");
     return false;
   }
-  if (kConfigs[config].kind == Kind::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
-  if (kConfigs[config].kind == Kind::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].family == Family::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].family == Family::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
   const int sms = num_sms_of_current_device();
   const Plan pl = make_plan(*p, config, sms);
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
@@ -1308,38 +1316,7 @@ __global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
   }
 }
 
-const char* dispatch_rules() {
-  static const std::string text = [] {
-    std::string t;
-    int64_t lo = 1;
-    for (const DispatchRow& r : kDispatch) {
-      char line[512];
-      const char* config = kConfigs[config_index(r.config)].name;
-      const int fb = config_index(r.fallback);
-      if (r.m_max >= 1)
-        std::snprintf(line, sizeof(line), "M %lld..%lld: ", static_cast<long long>(lo),
-                      static_cast<long long>(r.m_max));
-      else
-        std::snprintf(line, sizeof(line), "M >= %lld: ", static_cast<long long>(lo));
-      t += line;
-      t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
-      if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
-      if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
-        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name +
-             " for NVFP4, 16-bit and float a quantized on the fly (K % 256 == 0)";
-      if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4, 16-bit and float a quantized on the fly at M 9.." +
-             std::to_string(kWkMaxM) + " (K % 256 == 0)";
-      if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
-        t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
-             " would run unsplit and it holds every row block in one wave";
-      t += "\n";
-      lo = r.m_max + 1;
-    }
-    return t;
-  }();
-  return text.c_str();
-}
+const char* dispatch_rules() { return kRulesText; }
 
 int set_forced_splits(int splits) {
   return forced_splits_slot().exchange(splits >= 1 ? splits : 0, std::memory_order_relaxed);
@@ -1347,7 +1324,7 @@ int set_forced_splits(int splits) {
 
 const BackendApi& backend_api() {
   static const BackendApi api = {
-      kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, kConfigNames, &supports_sm, &select, &can_run,
+      kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, config_names(), &supports_sm, &select, &can_run,
       &workspace_bytes,   &run,    &prefers_generic, &dispatch_rules,
   };
   return api;

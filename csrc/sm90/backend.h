@@ -6,7 +6,7 @@
 namespace nvfp4_gemm::sm90 {
 const BackendApi& backend_api();
 
-// The dispatch table (configs.h, kDispatch) as text, one line per M range.
+// The dispatch rules (generated/table.inc, rendered by generate.py) as text, one line per rule.
 const char* dispatch_rules();
 
 // Tests and benchmarks: forces the split count of every following call in this process (0: automatic,
