@@ -120,20 +120,6 @@ struct Plan {
   int64_t bytes() const { return a_bytes + partial_bytes + counter_bytes + dyn_bytes; }
 };
 
-// Tests and benchmarks: a forced split count (0: automatic). NVFP4_GEMM_SM90_SPLITS sets it once, at the
-// first call; torch.ops.nvfp4_gemm._sm90_force_splits (set_forced_splits) changes it later. Never per call
-// from the environment: dispatch reads no environment variable on the hot path.
-std::atomic<int>& forced_splits_slot() {
-  static std::atomic<int> slot{[] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS");
-    const int v = env ? std::atoi(env) : 0;
-    return v >= 1 ? v : 0;
-  }()};
-  return slot;
-}
-
-int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
-
 // A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
 // checked with cudaGetLastError (ours or anyone's) does not report it again.
 cudaError_t consumed(cudaError_t e) {
@@ -141,12 +127,8 @@ cudaError_t consumed(cudaError_t e) {
   return e;
 }
 
-int num_sms_of_current_device() {
-  int dev = 0, sms = 132;
-  if (consumed(cudaGetDevice(&dev)) == cudaSuccess)
-    consumed(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
+// The device's SM count, from the DeviceInfo the binding layer fills once per device.
+int sms_of(const DeviceInfo* dev) { return dev->num_sms; }
 
 // The cost model's time of one K tile of one CTA: its MMA time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s
 // per SM) or its bytes at the SM's share of 3 TB/s, whichever is more.
@@ -158,31 +140,8 @@ double k_tile_seconds(int tokens, int kt, int sms) {
 
 int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int>(ceil_div(rows, pl.tokens)); }
 
-// Experiment switches, each read once per process: set to 0, they turn a part of the wgmma kernel's plan off for
-// A/B runs in one build.
-//  - NVFP4_GEMM_SM90_CLUSTER=0: no split over a thread-block cluster, only through global memory;
-//  - NVFP4_GEMM_SM90_ONE_WAVE=0: grids of at least one CTA per tile (no one wave over more tiles than SMs);
-//  - NVFP4_GEMM_SM90_STAGED_C=0: the output stored quad by quad instead of each tile staged in shared memory for
-//    16-byte stores (GemmParams::staged_c).
-bool env_not_zero(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && env[0] == '0');
-}
-bool cluster_split_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_CLUSTER");
-  return on;
-}
-bool one_wave_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_ONE_WAVE");
-  return on;
-}
-bool staged_c_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_STAGED_C");
-  return on;
-}
-
 // The split planner's inputs for one chunk of `tiles` tiles (split_plan.h).
-SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
+SplitInputs split_inputs(const Problem& p, const Plan& pl, int tiles, int config, int sms) {
   SplitInputs in;
   in.tiles = tiles;
   in.ktiles = pl.ktiles;
@@ -190,9 +149,8 @@ SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
   in.t_tile = k_tile_seconds(pl.tokens, pl.kt, in.sms);
   in.tile_bytes = static_cast<int64_t>(pl.tokens) * kTileW * 4;
   in.workspace_left = kMaxWorkspaceBytes - pl.a_bytes;
-  in.forced = forced_splits();
-  in.clusters = cluster_split_enabled() && config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
-  in.one_wave = one_wave_enabled();
+  in.forced = p.forced_splits;
+  in.clusters = config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
   return in;
 }
 
@@ -222,7 +180,7 @@ Plan make_plan(const Problem& p, int config, int sms) {
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
-    const SplitInputs in = split_inputs(pl, tiles, config, sms);
+    const SplitInputs in = split_inputs(p, pl, tiles, config, sms);
     const Split sp = plan_split(in, config, mma_bf16(p));
     pl.partial_bytes = std::max(pl.partial_bytes, split_partial_bytes(in, sp));
     pl.counter_bytes = std::max(pl.counter_bytes, round_up(split_counters(in, sp) * 4, 256));
@@ -258,22 +216,6 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
   const cuuint32_t elem_strides[2] = {1, 1};
   return fn(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// The layout experiment of wk_layout.py (wk_tiled_experiment): b's bytes in the order [tiles][128 rows][128
-// bytes], one (128-row block, 256-K block) tile a box, which lands in shared memory exactly as the 2-D map's
-// {128, 128} box over row-major B does.
-bool encode_tiled_b(CUtensorMap* map, const uint8_t* base, int64_t n, int64_t k) {
-  EncodeTiledFn fn = encode_tiled();
-  if (!fn) return false;
-  constexpr cuuint64_t kRows = kWkRows, kBytes = kWkK / 2;
-  const cuuint64_t dims[3] = {kBytes, kRows, static_cast<cuuint64_t>(ceil_div(n, kWkRows) * (k / kWkK))};
-  const cuuint64_t strides[2] = {kBytes, kRows * kBytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBytes), static_cast<cuuint32_t>(kRows), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, elem_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
@@ -344,12 +286,9 @@ __global__ void zero_counters_kernel(uint32_t* counters, int n) {
 
 // The split-counter slot of this stream (split_counters.cuh), or -1: none free, or more row blocks than a slot
 // holds; the launch then counts on workspace counters behind a reset launch.
-// NVFP4_GEMM_SM90_COUNTER_SLOTS=0 (read once) turns the slots off, so that tests and benchmarks reach the
-// workspace path on ordinary shapes.
 int split_counter_slot(int row_blocks, cudaStream_t stream) {
   static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
-  static const bool off = !env_not_zero("NVFP4_GEMM_SM90_COUNTER_SLOTS");
-  if (off || row_blocks > kSplitCounterRows) return -1;
+  if (row_blocks > kSplitCounterRows) return -1;
   int index = -1;
   if (slots->get(stream, &index) != cudaSuccess) {
     cudaGetLastError();  // the stream query failed: the workspace path is always right
@@ -394,7 +333,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
                               : small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
-  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  if (p.forced_splits > 0) kb = ceil_div(pl.kblocks, p.forced_splits);  // tests
   // Decoded A for kb blocks (and the B ring) must fit in shared memory: a forced split count is a request,
   // not a promise.
   const int ring_bytes = small_m_ring_bytes(c.ring);
@@ -422,10 +361,10 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   return pl;
 }
 
-bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-                 size_t err_len) {
+bool run_small_m(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+                 cudaStream_t stream, char* err, size_t err_len) {
   const KernelConfig& c = kConfigs[config];
-  const SmallMPlan pl = make_small_m_plan(*p, config, num_sms_of_current_device());
+  const SmallMPlan pl = make_small_m_plan(*p, config, sms_of(dev));
   if (!workspace_ok(pl.partial_bytes + pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
   SmallMLaunch l{};
   SmallMParams& sp = l.params;
@@ -487,34 +426,13 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   return true;
 }
 
-// Experiments only (benchmarks/diagnostics/wk_layout.py): NVFP4_GEMM_SM90_WK_TILED=1 makes the K-sliced
-// kernel read b's bytes as 128 x 128-byte tiles (one per 128-row block and 256-K stage) instead of row-major
-// rows, to time the two layouts against each other (docs/NOTES.md v5). Read once; never set it for real use.
-bool wk_tiled_experiment() {
-  static const bool on = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_WK_TILED");
-    return env && env[0] == '1';
-  }();
-  return on;
-}
-
-// K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 // Stages of B the K-sliced kernel loads before its grid dependency wait where the kernel ahead is the call's own
 // quantization of A: the first two, the rest of the pipeline after the first stage has landed (the weight-only
-// order). Measured (bench_model 8B, H100, RESULTS.md tenth session): static 0.45 / 0.52 at M = 1 / 16 with two,
-// 0.46 / 0.52 with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
-// NVFP4_GEMM_SM90_WK_EARLY_B=n sets n for tests and A/B runs (read once per process: no environment read on the
-// launch path).
-int positive_env_or(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  const int n = env && *env ? std::atoi(env) : 0;
-  return n > 0 ? n : fallback;
-}
+// order). Measured (bench_model 8B, H100): static W4A4 0.45 / 0.52 of fp16 at M = 1 / 16 with two, 0.46 / 0.52
+// with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
+constexpr int kWkEarlyBStages = 2;
 
-int wk_early_b_stages() {
-  static const int n = positive_env_or("NVFP4_GEMM_SM90_WK_EARLY_B", 2);
-  return n;
-}
+// K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 
 struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
@@ -532,7 +450,7 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
   // One wave of ctas_per_sm CTAs per SM where N allows: as many K splits as fit beside the row blocks.
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = ceil_div(pl.kblocks, splits_fit);
-  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  if (p.forced_splits > 0) kb = ceil_div(pl.kblocks, p.forced_splits);  // tests
   const int64_t slot_bytes = int64_t{kWkRows} * c.tokens * 4;
   const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
   const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
@@ -680,21 +598,17 @@ cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens
                             p.a_scale, p.a_scale_is_decode, packed, sf);
 }
 
-bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-            size_t err_len) {
+bool run_wk(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+            cudaStream_t stream, char* err, size_t err_len) {
   const KernelConfig& c = kConfigs[config];
-  const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
+  const WkPlan pl = make_wk_plan(*p, config, sms_of(dev));
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  wp.b_tiled = wk_tiled_experiment();
-  const bool ok = wp.b_tiled
-                      ? encode_tiled_b(&wp.tmap_b, p->b, p->n, p->k)
-                      : encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
-                                  static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
-                                  CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!ok) {
+  if (!encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
+                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
+                 CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
     return false;
   }
@@ -725,7 +639,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   // Dynamic scales: the grid reduction's words are a slot of this stream's (split_counters.cuh: this
   // translation unit's copy, used only by quant_a_wk_dynamic_kernel), or workspace words zeroed ahead.
   const int dyn_slot = dynamic_a(*p) ? split_counter_slot(3, stream) : -1;
-  wp.b_early = quant ? wk_early_b_stages() : 0;
+  wp.b_early = quant ? kWkEarlyBStages : 0;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
   // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks. (The quantization of the
@@ -832,7 +746,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
     const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
     if (dynamic_a(*p)) {  // one launch whose quantization grid meets at a grid-wide barrier (run_wk)
-      const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+      const int sms = sms_of(dev);
       const int tokens = kConfigs[config].tokens;
       if (p->m > tokens || quant_a_wk_blocks(tokens, p->k) > sms) {
         if (why && why_len)
@@ -879,8 +793,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                       static_cast<long long>(p->k));
       return false;
     }
-    const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-    const SmallMPlan pl = make_small_m_plan(*p, config, sms);
+    const SmallMPlan pl = make_small_m_plan(*p, config, sms_of(dev));
     const int64_t limit = std::min<int64_t>(kSmallMMaxSmem, dev ? dev->smem_optin : kSmallMMaxSmem);
     if (pl.smem > limit) {
       if (why && why_len)
@@ -952,7 +865,7 @@ bool rule_holds(const Rule& r, const Problem& p, const DeviceInfo* dev) {
   // kUnsplitSmallM8: the 8-token small-M config would run unsplit with more K blocks per CTA than its depth, and
   // the rule's config holds every row block in one wave.
   const int small8 = config_index(Family::kSmallM, 8);
-  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  const int sms = sms_of(dev);
   const SmallMPlan pl = make_small_m_plan(p, small8, sms);
   return pl.splits == 1 && pl.kb > kConfigs[small8].stages &&
          pl.row_blocks <= static_cast<int64_t>(kConfigs[r.config].ctas_per_sm) * sms;
@@ -985,7 +898,7 @@ int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_le
 }
 
 size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
-  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+  const int sms = sms_of(dev);
   if (config >= 0 && config < kNumConfigs && kConfigs[config].family == Family::kSmallM) {
     const SmallMPlan pl = make_small_m_plan(*p, config, sms);
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
@@ -996,15 +909,16 @@ size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) 
   return static_cast<size_t>(make_plan(*p, config, sms).bytes());
 }
 
-bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-         size_t err_len) {
+bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+         cudaStream_t stream, char* err, size_t err_len) {
   if (config < 0 || config >= kNumConfigs) {
     set_msg(err, err_len, "sm90: config index out of range");
     return false;
   }
-  if (kConfigs[config].family == Family::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
-  if (kConfigs[config].family == Family::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
-  const int sms = num_sms_of_current_device();
+  if (kConfigs[config].family == Family::kSmallM)
+    return run_small_m(p, config, dev, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].family == Family::kWarpK) return run_wk(p, config, dev, workspace, ws_bytes, stream, err, err_len);
+  const int sms = sms_of(dev);
   const Plan pl = make_plan(*p, config, sms);
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -1056,7 +970,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
     gp.tiles = tiles_of(pl, rows);
-    const SplitInputs in = split_inputs(pl, gp.tiles, config, sms);
+    const SplitInputs in = split_inputs(*p, pl, gp.tiles, config, sms);
     const Split sp = plan_split(in, config, bf16);
     gp.grid = sp.grid;
     gp.cluster = sp.cluster;
@@ -1115,7 +1029,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     }
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     // 16-byte stores of staged rows: every row of C starts 16-byte aligned.
-    gp.staged_c = staged_c_enabled() && reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
+    gp.staged_c = reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
     gp.m = static_cast<int>(rows);
     if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)
@@ -1317,10 +1231,6 @@ __global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
 }
 
 const char* dispatch_rules() { return kRulesText; }
-
-int set_forced_splits(int splits) {
-  return forced_splits_slot().exchange(splits >= 1 ? splits : 0, std::memory_order_relaxed);
-}
 
 const BackendApi& backend_api() {
   static const BackendApi api = {

@@ -58,10 +58,6 @@
 #include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
 
-#ifndef NVFP4_SM90_KEEP_OFFSETS
-#define NVFP4_SM90_KEEP_OFFSETS 1
-#endif
-
 namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
@@ -402,9 +398,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   for (int j = 0; j < kNB; ++j) {
     boff0[j] = brow0 + (((2 * j) ^ bx0) << 4);
     boff1[j] = brow1 + (((2 * j) ^ bx1) << 4);
-    // Opaque to the compiler, so kept in registers rather than rebuilt (NVFP4_SM90_KEEP_OFFSETS=0 in
-    // NVFP4_GEMM_DEFINES builds the old way, for an A/B build).
-    if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
+    // Opaque to the compiler, so kept in registers rather than rebuilt.
+    asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
   }
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   using Dec = BDecode<E>;
