@@ -12,8 +12,6 @@ namespace {
 std::mutex g_mutex;
 Forcing g_override;  // process-wide: autograd runs backward in threads of its own
 
-bool is_set(const Forcing& f) { return !f.backend.empty() || !f.config.empty() || f.splits != 0; }
-
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
@@ -22,16 +20,23 @@ std::string env_or_empty(const char* name) {
 }  // namespace
 
 Forcing current_forcing() {
+  Forcing f;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (is_set(g_override)) {
-      Forcing f = g_override;
-      f.backend_from = "forced backend";
-      f.config_from = "forced config";
-      return f;
-    }
+    f = g_override;
   }
-  return Forcing{env_or_empty("NVFP4_GEMM_BACKEND"), env_or_empty("NVFP4_GEMM_CONFIG"), 0};
+  // Each name the override leaves empty comes from the environment.
+  if (f.backend.empty()) {
+    f.backend = env_or_empty("NVFP4_GEMM_BACKEND");
+  } else {
+    f.backend_from = "forced backend";
+  }
+  if (f.config.empty()) {
+    f.config = env_or_empty("NVFP4_GEMM_CONFIG");
+  } else {
+    f.config_from = "forced config";
+  }
+  return f;
 }
 
 Forcing set_forcing_override(const Forcing& f) {
@@ -43,8 +48,9 @@ Forcing set_forcing_override(const Forcing& f) {
 
 }  // namespace nvfp4_gemm
 
-// torch.ops.nvfp4_gemm._force(backend, config, splits): the forcing of every following call in this process
-// (all empty / 0: none, the environment's again); returns the previous override as (backend, config, splits).
+// torch.ops.nvfp4_gemm._force(backend, config, splits): the forcing of every following call in this process (an
+// empty name: the environment's, if any; splits 0: the plan's own); returns the previous override as (backend,
+// config, splits).
 // For tests and benchmarks, through nvfp4_gemm.testing.forced.
 TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
   m.def("_force(str backend, str config, int splits) -> (str, str, int)",

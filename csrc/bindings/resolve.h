@@ -46,11 +46,11 @@ struct Forcing {
 };
 
 // The forcing in effect for a call: the process-wide override of torch.ops.nvfp4_gemm._force (set by
-// nvfp4_gemm.testing.forced) where one is set, else NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG, read per call so that
-// a process may change them between calls (a getenv is ~50 ns).
+// nvfp4_gemm.testing.forced), each name it leaves empty taken from NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG, read per
+// call so that a process may change them between calls (a getenv is ~50 ns).
 Forcing current_forcing();
 
-// Sets the override (an empty backend, config and zero splits: none); returns the previous one.
+// Sets the override (empty names and zero splits: none); returns the previous one.
 Forcing set_forcing_override(const Forcing& f);
 
 template <typename Api>

@@ -251,20 +251,26 @@ def _m_range(r: Rule) -> str:
     return f"M >= {r.m_min}" if r.m_max is None else f"M {r.m_min}..{r.m_max}"
 
 
+def _rule_text(r: Rule) -> str:
+    what = ("generic (decode + cuBLAS) in automatic dispatch" if r.config is GENERIC
+            else "no sm90 config" if r.config is REFUSE else r.config.name)
+    cond = []
+    if set(r.modes) != set(MODES):
+        cond.append("for " + ", ".join(r.modes) + " A")
+    if r.when == "unsplit_small_m8":
+        cond.append(f"where {SM8.name} would run unsplit and this config holds every row block in one wave")
+    return what + (f" ({'; '.join(cond)})" if cond else "")
+
+
 def rules_text() -> str:
-    """dispatch_rules(): one line per rule, in the order select() tries them."""
+    """dispatch_rules(): one line per M range over which the same rules apply, each listing them in the order
+    select() tries them (a config is taken where it can run the problem, else the next one is tried)."""
+    cuts = sorted({r.m_min for r in RULES} | {r.m_max + 1 for r in RULES if r.m_max is not None})
     lines = []
-    for r in RULES:
-        what = ("generic (decode + cuBLAS) in automatic dispatch" if r.config is GENERIC
-                else "no sm90 config" if r.config is REFUSE else r.config.name)
-        cond = []
-        if set(r.modes) != set(MODES):
-            cond.append("for " + ", ".join(r.modes) + " A")
-        if r.when == "unsplit_small_m8":
-            cond.append(f"where {SM8.name} would run unsplit and this config holds every row block in one wave")
-        if r.prefer:
-            cond.append("where it can run")
-        lines.append(f"{_m_range(r)}: {what}" + (f" ({'; '.join(cond)})" if cond else ""))
+    for lo, hi in zip(cuts, cuts[1:] + [None]):
+        hits = [r for r in RULES if r.m_min <= lo and (r.m_max is None or (hi is not None and hi - 1 <= r.m_max))]
+        head = f"M >= {lo}" if hi is None else f"M {lo}..{hi - 1}"
+        lines.append(f"{head}: " + "; else ".join(_rule_text(r) for r in hits))
     return "\n".join(lines) + "\n"
 
 

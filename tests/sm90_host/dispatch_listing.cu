@@ -7,14 +7,16 @@
 // Llama 3 8B and 70B, of MoE experts (Qwen3-30B-A3B, Qwen3-235B-A22B, gpt-oss) and of the GPU MODE problems; K not a multiple of
 // 256 too; weight-only fp16 / bf16 / fp32 activations, packed NVFP4 A, and linear's static and dynamic W4A4
 // (the fused problem first, then the packed one linear falls back to); fp16 / bf16 / fp32 outputs; an H100 SXM
-// (132 SMs) and an H100 PCIe (114 SMs).
+// (132 SMs) and an H100 PCIe (114 SMs). Automatic and forced choices go through the binding layer's resolver.
 //
 // tests/test_sm90_host.py builds it and compares its output with tests/sm90_host/dispatch_listing.txt, which a
 // refactor of the dispatch code must leave unchanged.
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "bindings/resolve.h"
 #include "common/problem.h"
 #include "sm90/backend.h"
 
@@ -65,31 +67,28 @@ Problem float_a_problem(int64_t m, int64_t n, int64_t k, OutDtype out, AType t) 
   return p;
 }
 
-// What mm_cuda's automatic dispatch does on an SM90 device: the backend unless it prefers the generic path or
-// selects nothing.
 // Config names without the common "sm90_nvfp4_" prefix, to keep the listing short.
 std::string short_name(const BackendApi& api, int cfg) {
   const std::string name = api.config_names[cfg];
   return name.rfind("sm90_nvfp4_", 0) == 0 ? name.substr(11) : name;
 }
 
-// What mm_cuda's automatic dispatch does on an SM90 device: the backend unless it prefers the generic path or
-// selects nothing.
+// What automatic dispatch runs on this device, through the binding layer's resolver (bindings/resolve.h), as
+// mm_cuda does: a config name, or "generic".
 std::string automatic(const BackendApi& api, const Problem& p, const DeviceInfo& dev, int* cfg_out) {
-  char why[512] = {0};
-  *cfg_out = -1;
-  if (!api.supports_sm(dev.sm)) return "generic";
-  if (api.prefers_generic && api.prefers_generic(&p, &dev)) return "generic";
-  const int cfg = api.select(&p, &dev, why, sizeof(why));
-  *cfg_out = cfg;
-  return cfg >= 0 ? short_name(api, cfg) : "generic";
+  Choice<BackendApi> c;
+  const std::string err = resolve(p, dev, std::vector<const BackendApi*>{&api}, Forcing{}, false, "", &c);
+  *cfg_out = err.empty() && c.api ? c.config : -1;
+  return *cfg_out >= 0 ? short_name(api, c.config) : "generic";
 }
 
-// What a forced sm90 backend runs (its select), or "none" (the forced call is refused).
+// What a forced sm90 backend runs, or "none" (the forced call is refused).
 std::string forced(const BackendApi& api, const Problem& p, const DeviceInfo& dev) {
-  char why[512] = {0};
-  const int cfg = api.select(&p, &dev, why, sizeof(why));
-  return cfg >= 0 ? short_name(api, cfg) : "none";
+  Choice<BackendApi> c;
+  Forcing f;
+  f.backend = "sm90";
+  const std::string err = resolve(p, dev, std::vector<const BackendApi*>{&api}, f, false, "", &c);
+  return err.empty() ? short_name(api, c.config) : "none";
 }
 
 std::string workspace(const BackendApi& api, const Problem& p, int cfg, const DeviceInfo& dev) {

@@ -60,12 +60,21 @@ std::string choice_name(const Choice& c) {
   return c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic";
 }
 
-// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does.
-void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
+// Recording of choices for tests (torch.ops.nvfp4_gemm._record_choices, nvfp4_gemm.testing.recorded_choices).
+std::mutex g_record_mutex;
+bool g_recording = false;
+std::vector<std::string> g_recorded;
+
+// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does; a test
+// records them instead.
+void note_choice(const Choice& c, const Problem& p, bool weight_only) {
   static const bool enabled = !env_or_empty("NVFP4_GEMM_PRINT_CONFIGS").empty();
-  if (!enabled) return;
-  static std::mutex mutex;
-  static std::set<std::string> seen;
+  bool recording;
+  {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    recording = g_recording;
+  }
+  if (!enabled && !recording) return;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
   const std::string key = choice_name(c) +
                           (quantizes_a(p)  ? std::string(" quantizing a=") + kATypeNames[static_cast<int>(p.a_type)]
@@ -74,6 +83,13 @@ void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
                           " m=" + std::to_string(p.m) +
                           " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
                           " out=" + std::to_string(static_cast<int>(p.out_dtype));
+  if (recording) {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    g_recorded.push_back(key);
+  }
+  if (!enabled) return;
+  static std::mutex mutex;
+  static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mutex);
   if (seen.insert(key).second) std::fprintf(stderr, "[nvfp4_gemm] %s\n", key.c_str());
 }
@@ -293,7 +309,7 @@ void mm_into(const MmShape& s, const at::Tensor& a, const at::Tensor& b, const s
   // problem no module takes runs on the generic path, which takes every form.
   Choice choice = choose(p, dev, /*optional=*/false);
   if (!verified(choice, p.out_dtype, s.out_dtype, device_index, dev, a.device())) choice = Choice{};
-  maybe_print(choice, p, s.weight_only);
+  note_choice(choice, p, s.weight_only);
   if (choice.api == nullptr) {
     run_generic(s, p, a, c, dev.sm);
   } else {
@@ -394,7 +410,7 @@ std::optional<at::Tensor> run_quantizing(const at::Tensor& x, const at::Tensor& 
   const Choice choice = choose(p, dev, /*optional=*/true);
   if (choice.api == nullptr || !verified(choice, p.out_dtype, s.out_dtype, device_index, dev, x.device()))
     return std::nullopt;
-  maybe_print(choice, p, /*weight_only=*/false);
+  note_choice(choice, p, /*weight_only=*/false);
   run_arch(choice, s, p, x, dev);
   return c;
 }
@@ -426,6 +442,19 @@ std::optional<at::Tensor> mm_dynamic_a_cuda(const at::Tensor& x, const at::Tenso
 }
 
 }  // namespace nvfp4_gemm
+
+// torch.ops.nvfp4_gemm._record_choices(on): returns the choices recorded since the last call (one line each, as
+// NVFP4_GEMM_PRINT_CONFIGS prints them: "<backend>:<config> m=.. n=.. k=.. out=..", "generic ..."), clears them and
+// turns recording on or off. For tests (nvfp4_gemm.testing.recorded_choices), in one process.
+TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
+  m.def("_record_choices(bool on) -> str[]", [](bool on) {
+    std::lock_guard<std::mutex> lock(nvfp4_gemm::g_record_mutex);
+    std::vector<std::string> out;
+    out.swap(nvfp4_gemm::g_recorded);
+    nvfp4_gemm::g_recording = on;
+    return out;
+  });
+}
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("mm", &nvfp4_gemm::mm_cuda);
