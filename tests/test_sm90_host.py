@@ -1,4 +1,5 @@
-"""The Hopper kernels' host-side pieces checked without a GPU: the wgmma kernel's K-split planner
+"""The Hopper kernels' host-side pieces checked without a GPU: the dispatch (the table of csrc/sm90/generate.py, its
+rendered files, the decision over a grid of shapes, the binding layer's resolver), the wgmma kernel's K-split planner
 (csrc/sm90/split_plan.h) and the FP4 decode every sm90 kernel shares (csrc/sm90/fp4_decode.cuh).
 
 tests/sm90_host/split_plan_test.cpp compiles against the same header backend.cu plans with and checks an H100's
@@ -82,9 +83,11 @@ def test_dispatch_listing_unchanged():
 
 def _sm90_table():
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location("sm90_generate", os.path.join(ROOT, "csrc", "sm90", "generate.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -125,3 +128,17 @@ def test_built_module_lists_the_table():
     gen = _sm90_table()
     assert listed == [c.name for c in gen.CONFIGS]
     assert nvfp4_gemm.dispatch_rules()["sm90"] == gen.rules_text()
+
+
+@pytest.mark.skipif(_CXX is None, reason="no C++ compiler found (CXX, c++ or g++)")
+def test_resolver(tmp_path):
+    """csrc/bindings/resolve.h over two fake arch tables (tests/sm90_host/resolve_test.cpp): a forced config or
+    backend that cannot run a problem is an error naming why for every op (a decline for an optional fused form),
+    wrong names are errors in both, automatic dispatch takes the first backend that selects."""
+    exe = str(tmp_path / "resolve_test")
+    src = os.path.join(ROOT, "tests", "sm90_host", "resolve_test.cpp")
+    build = subprocess.run([_CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc"),
+                            src, "-o", exe], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "resolve_test: ok" in run.stdout, run.stdout[-4000:]

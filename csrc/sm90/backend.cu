@@ -101,9 +101,9 @@ const char* const* config_names() {
 }
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
-// bounded (the issue's 64 MiB) whatever M is.
+// bounded (64 MiB) whatever M is.
 constexpr int64_t kMaxADecBytes = 40ll << 20;
-constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;  // decoded A + split partials + counters (issue: <= 64 MiB)
+constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;  // decoded A + split partials + counters (<= 64 MiB)
 
 struct Plan {
   int config = -1;
@@ -130,7 +130,7 @@ cudaError_t consumed(cudaError_t e) {
 // The device's SM count, from the DeviceInfo the binding layer fills once per device.
 int sms_of(const DeviceInfo* dev) { return dev->num_sms; }
 
-// The cost model's time of one K tile of one CTA: its MMA time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s
+// The cost model's time of one K tile of one CTA: its MMA time (measured: 0.83 us for 128 tokens, ~5 TFLOP/s
 // per SM) or its bytes at the SM's share of 3 TB/s, whichever is more.
 double k_tile_seconds(int tokens, int kt, int sms) {
   const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
@@ -351,7 +351,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
       std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
   // A cluster's CTAs are placed together: measured faster than the workspace only for a few splits in one
   // wave ((16, 6144, 4096): 4 splits, 192 CTAs, 14.4-14.6 vs 15.7 us); 3 splits over 2.5 waves lost
-  // ((16, 28672, 4096): 53.8 vs 48.6 us), as did 8 splits in one wave (docs/NOTES.md, v3).
+  // ((16, 28672, 4096): 53.8 vs 48.6 us), as did 8 splits in one wave (docs/NOTES.md).
   pl.cluster = c.ring > 0 && splits > 1 && splits <= kMaxClusterSplits &&
                static_cast<int64_t>(pl.row_blocks) * splits <= static_cast<int64_t>(c.ctas_per_sm) * sms;
   if (splits > 1 && !pl.cluster) {  // a cluster reduces through distributed shared memory: no workspace
@@ -390,7 +390,7 @@ bool run_small_m(const Problem* p, int32_t config, const DeviceInfo* dev, void* 
   sp.splits = pl.splits;
   sp.cluster = pl.cluster;
   // The ring configs count on a slot's counters (no reset launch): measured (H100, graph per call, same run,
-  // docs/NOTES.md v5) 1.1-1.3 us faster per split call at (16, 1024 / 4096, 4096). The register configs keep the
+  // docs/NOTES.md) 1.1-1.3 us faster per split call at (16, 1024 / 4096, 4096). The register configs keep the
   // reset launch ahead: their M = 1 calls measured 0.2-0.8 us slower on a slot ((1, 4096, 4096) 11.27 vs 10.47).
   sp.counter_slot = pl.partial_bytes && c.ring > 0 ? split_counter_slot(pl.row_blocks, stream) : -1;
   sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
@@ -624,7 +624,7 @@ bool run_wk(const Problem* p, int32_t config, const DeviceInfo* dev, void* works
   wp.kblocks = pl.kblocks;
   wp.kb_per_cta = pl.kb;
   wp.splits = pl.splits;
-  // A slot's counters (no reset launch): measured 1.9 us faster per call at (16, 4096, 14336) (docs/NOTES.md v5).
+  // A slot's counters (no reset launch): measured 1.9 us faster per call at (16, 4096, 14336) (docs/NOTES.md).
   wp.counter_slot = pl.partial_bytes ? split_counter_slot(pl.row_blocks, stream) : -1;
   wp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
   wp.out_dtype = p->out_dtype;
@@ -1058,8 +1058,8 @@ __device__ __forceinline__ uint32_t decode_word_rt(uint32_t w, int r) {
 
 // A_dec, decoded exactly like B (value * 2^-14, see decode_word) in the permuted K order the B fragments
 // use: in each 64-K block, 16-byte vector v = 2s + h holds decode_word<s>(word h of scale group q) for
-// q = 0..3. One thread per vector, so a warp stores 512 contiguous bytes (v2, one thread per block
-// storing 128 bytes each, ran at 0.7 TB/s: 57 us at M = 2304, K = 7168). Threads 0.. also zero the
+// q = 0..3. One thread per vector, so a warp stores 512 contiguous bytes (one thread per block
+// storing 128 bytes each ran at 0.7 TB/s: 57 us at M = 2304, K = 7168). Threads 0.. also zero the
 // split arrival counters of the GEMM that follows on the stream.
 __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict__ a, int64_t lda,
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,

@@ -1,7 +1,7 @@
 // Hopper NVFP4 GEMM for decode-size M (NVFP4 x NVFP4, and the weight-only form: fp16 / bf16 activations x NVFP4
 // weights), with the K of each pipeline stage split across the CTA's warps. Torch-free.
 //
-// Why another small-M kernel (docs/NOTES.md, v4 and v5): the streaming kernel of sm90_small_m.cuh gives each
+// Why another small-M kernel (docs/NOTES.md): the streaming kernel of sm90_small_m.cuh gives each
 // warp whole K blocks of 16 weight rows, so at 16 tokens each warp waits on its own decode -> MMA chain with
 // the CTA's A staged for its whole K range (latency-bound: 0.36 instructions issued per scheduler and cycle).
 // Here a CTA owns 128 weight rows and walks K in 256-wide stages; warp (row group rg, K slice ks) takes 64
@@ -14,7 +14,7 @@
 // contiguous) and A: four TMA boxes of 16-bit activations (TOKENS rows x 64 K each, SWIZZLE_128B), or for
 // NVFP4 A one box of its packed bytes (TOKENS rows x 128 bytes, SWIZZLE_128B) and a 2 KB bulk copy of the
 // stage's four scale atoms of A's 128-row block; all complete on the stage's full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads the
-// row-major [N, K/2] bytes (a 2-D map). Measured (docs/NOTES.md v5): a 3-D map over weights stored as 128 x
+// row-major [N, K/2] bytes (a 2-D map). Measured (docs/NOTES.md): a 3-D map over weights stored as 128 x
 // 128-byte tiles, which lands in shared memory the same, ran within 2% of the row-major weights, so no prepared
 // weight layout is needed.
 //
@@ -41,7 +41,7 @@
 // at once, the memory system would hold the whole grid's pipelines (18 MB at (1, 4096, 14336)) in one queue and
 // every CTA's first stage would land only as that queue drained (5.0 us after entry on an H200, the consumers
 // idle until then). The producer asks for the first stage alone and the rest once it has landed: first stage at
-// 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md v6, from the
+// 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md, from the
 // kernel's own timeline: benchmarks/diagnostics/wk_trace.py).
 //
 // Programmatic dependent launch: before griddepcontrol.wait the producer only asks L2 to prefetch the first

@@ -1,6 +1,6 @@
 // Host checks of the wgmma kernel's K-split planner (csrc/sm90/split_plan.h), run by tests/test_sm90_host.py.
 // No GPU: the device's numbers are an H100's (132 SMs; clusters of 1..8 CTAs held at once by this kernel, measured
-// with cudaOccupancyMaxActiveClusters, benchmarks/RESULTS.md eleventh session run 7) or made up for the sweep.
+// with cudaOccupancyMaxActiveClusters, benchmarks/RESULTS.md) or made up for the sweep.
 #include <cstdio>
 #include <cstdlib>
 
