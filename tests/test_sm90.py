@@ -279,8 +279,8 @@ def test_small_m_is_selected(k):
 
 
 def test_deep_small_m_config_for_unsplit_grids():
-    """The rule "unsplit_small_m8" (csrc/sm90/generate.py): at M <= 8, a problem the 8-token config would run unsplit below one wave of the
-    16-token config (N = 28672 on an H100's 132 SMs; K = 2080, since at K % 256 == 0 the K-sliced kernel takes
+    """The rule "unsplit_small_m8" (csrc/sm90/generate.py): at M <= 8, a problem the 8-token config would run
+    unsplit below one wave of the 16-token config (N = 28672 on an H100's 132 SMs; K = 2080, since at K % 256 == 0 the K-sliced kernel takes
     M <= 16) takes the 16-token config; one it splits (N = 4096) keeps the 8-token config. Both results within
     SPEC.md's bound."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -67,14 +67,27 @@ inline bool prefers_generic(const BackendApi& api, const Problem& p, const Devic
 }
 
 // Resolves `p` on `dev` over `apis` (registered, in preference order) under `f`. Returns "" and fills *out, or
-// the error (which names the shape through `shape`, e.g. "M=1 N=4096 K=4096").
-template <typename Api, typename Prob>
+// the error, which names the shape through `shape()` (e.g. "M=1 N=4096 K=4096"; called on errors only, so that
+// the automatic path builds no string).
+template <typename Api, typename Prob, typename ShapeText>
 std::string resolve(const Prob& p, const DeviceInfo& dev, const std::vector<const Api*>& apis, const Forcing& f,
-                    bool optional, const std::string& shape, Choice<Api>* out) {
+                    bool optional, ShapeText&& shape, Choice<Api>* out) {
   constexpr size_t kWhyLen = 512;
   char why[kWhyLen] = {0};
-  const std::string sm = std::to_string(dev.sm / 10) + "." + std::to_string(dev.sm % 10);
   *out = Choice<Api>{};
+  if (f.config.empty() && (f.backend.empty() || f.backend == kAutoBackend)) {
+    for (const Api* api : apis) {
+      if (!runs_on(*api, dev) || prefers_generic(*api, p, dev)) continue;
+      const int32_t cfg = api->select(&p, &dev, why, kWhyLen);
+      if (cfg >= 0) {
+        *out = Choice<Api>{api, cfg, false};
+        return "";
+      }
+    }
+    out->declined = optional;
+    return "";
+  }
+  const std::string sm = std::to_string(dev.sm / 10) + "." + std::to_string(dev.sm % 10);
   const std::string config = std::string(f.config_from) + "=" + f.config;
   const std::string backend = std::string(f.backend_from) + "=" + f.backend;
   if (!f.config.empty()) {
@@ -92,7 +105,7 @@ std::string resolve(const Prob& p, const DeviceInfo& dev, const std::vector<cons
           out->declined = true;
           return "";
         }
-        return config + " cannot run " + shape + ": " + why;
+        return config + " cannot run " + shape() + ": " + why;
       }
     }
     return config + " names no compiled kernel config; nvfp4_gemm.configs() lists them";
@@ -101,7 +114,7 @@ std::string resolve(const Prob& p, const DeviceInfo& dev, const std::vector<cons
     out->declined = optional;  // the generic path has no fused forms
     return "";
   }
-  if (!f.backend.empty() && f.backend != kAutoBackend) {
+  {  // a forced arch backend
     const char* archs = nullptr;
     std::string valid = std::string(kAutoBackend) + ", " + kGenericBackend;
     for (int i = static_cast<int>(std::size(kArchBackends)) - 1; i >= 0; --i) {  // oldest first
@@ -128,18 +141,8 @@ std::string resolve(const Prob& p, const DeviceInfo& dev, const std::vector<cons
       out->declined = true;
       return "";
     }
-    return backend + " has no kernel for " + shape + ": " + why;
+    return backend + " has no kernel for " + shape() + ": " + why;
   }
-  for (const Api* api : apis) {
-    if (!runs_on(*api, dev) || prefers_generic(*api, p, dev)) continue;
-    const int32_t cfg = api->select(&p, &dev, why, kWhyLen);
-    if (cfg >= 0) {
-      *out = Choice<Api>{api, cfg, false};
-      return "";
-    }
-  }
-  out->declined = optional;
-  return "";
 }
 
 }  // namespace nvfp4_gemm

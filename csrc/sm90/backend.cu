@@ -917,7 +917,8 @@ bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspac
   }
   if (kConfigs[config].family == Family::kSmallM)
     return run_small_m(p, config, dev, workspace, ws_bytes, stream, err, err_len);
-  if (kConfigs[config].family == Family::kWarpK) return run_wk(p, config, dev, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].family == Family::kWarpK)
+    return run_wk(p, config, dev, workspace, ws_bytes, stream, err, err_len);
   const int sms = sms_of(dev);
   const Plan pl = make_plan(*p, config, sms);
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;

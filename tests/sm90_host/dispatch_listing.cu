@@ -4,8 +4,8 @@
 // the backend's own translation units and nothing else: the kernels are never launched.
 //
 // The grid: every M 1..40 and the boundaries of the M rows around powers of two up to 8192; the projections of
-// Llama 3 8B and 70B, of MoE experts (Qwen3-30B-A3B, Qwen3-235B-A22B, gpt-oss) and of the GPU MODE problems; K not a multiple of
-// 256 too; weight-only fp16 / bf16 / fp32 activations, packed NVFP4 A, and linear's static and dynamic W4A4
+// Llama 3 8B and 70B, of MoE experts (Qwen3-30B-A3B, Qwen3-235B-A22B, gpt-oss) and of the GPU MODE problems; K
+// not a multiple of 256 too; weight-only fp16 / bf16 / fp32 activations, packed NVFP4 A, and linear's static and dynamic W4A4
 // (the fused problem first, then the packed one linear falls back to); fp16 / bf16 / fp32 outputs; an H100 SXM
 // (132 SMs) and an H100 PCIe (114 SMs). Automatic and forced choices go through the binding layer's resolver.
 //
@@ -77,7 +77,8 @@ std::string short_name(const BackendApi& api, int cfg) {
 // mm_cuda does: a config name, or "generic".
 std::string automatic(const BackendApi& api, const Problem& p, const DeviceInfo& dev, int* cfg_out) {
   Choice<BackendApi> c;
-  const std::string err = resolve(p, dev, std::vector<const BackendApi*>{&api}, Forcing{}, false, "", &c);
+  const std::string err =
+      resolve(p, dev, std::vector<const BackendApi*>{&api}, Forcing{}, false, [] { return std::string(); }, &c);
   *cfg_out = err.empty() && c.api ? c.config : -1;
   return *cfg_out >= 0 ? short_name(api, c.config) : "generic";
 }
@@ -87,7 +88,8 @@ std::string forced(const BackendApi& api, const Problem& p, const DeviceInfo& de
   Choice<BackendApi> c;
   Forcing f;
   f.backend = "sm90";
-  const std::string err = resolve(p, dev, std::vector<const BackendApi*>{&api}, f, false, "", &c);
+  const std::string err =
+      resolve(p, dev, std::vector<const BackendApi*>{&api}, f, false, [] { return std::string(); }, &c);
   return err.empty() ? short_name(api, c.config) : "none";
 }
 

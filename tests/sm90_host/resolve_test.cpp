@@ -69,7 +69,8 @@ Result run(int64_t m, const Forcing& f, bool optional, int sm = 90, bool with100
   const std::vector<const BackendApi*> apis =
       with100 ? std::vector<const BackendApi*>{&kApi100, &kApi90} : std::vector<const BackendApi*>{&kApi90};
   Result r;
-  r.err = resolve(problem(m), DeviceInfo{sm, 132, 232448}, apis, f, optional, "M=" + std::to_string(m), &r.c);
+  r.err = resolve(problem(m), DeviceInfo{sm, 132, 232448}, apis, f, optional, [m] { return "M=" + std::to_string(m); },
+                  &r.c);
   return r;
 }
 

@@ -105,7 +105,7 @@ Choice choose(Problem& p, const DeviceInfo& dev, bool optional) {
   const Forcing f = current_forcing();
   p.forced_splits = f.splits;
   Choice c;
-  const std::string err = resolve(p, dev, backends(), f, optional, shape_of(p), &c);
+  const std::string err = resolve(p, dev, backends(), f, optional, [&p] { return shape_of(p); }, &c);
   TORCH_CHECK(err.empty(), "nvfp4_gemm: ", err);
   return c;
 }
