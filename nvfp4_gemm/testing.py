@@ -2,6 +2,7 @@
 job (`python -m nvfp4_gemm`) and the benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -392,36 +393,23 @@ def dispatch_entries(device: str | torch.device) -> tuple[list[tuple[str, str]],
 
 
 class forced_entry:
-    """Context manager: routes mm to one dispatch entry through NVFP4_GEMM_CONFIG / NVFP4_GEMM_BACKEND
-    (process-wide environment: not for use while other threads call mm), restoring both afterwards."""
+    """Context manager: routes mm to one dispatch entry (forced(): its config, or the generic backend),
+    restoring the previous forcing afterwards."""
 
     def __init__(self, backend: str, config: str):
-        self.env = {"NVFP4_GEMM_CONFIG": None, "NVFP4_GEMM_BACKEND": None}
+        self.kw = {}
         if backend == "generic":
-            self.env["NVFP4_GEMM_BACKEND"] = "generic"
+            self.kw = {"backend": "generic"}
         elif backend != "cpu":
-            self.env["NVFP4_GEMM_CONFIG"] = config
+            self.kw = {"config": config}
 
     def __enter__(self):
-        import os
-
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        for k, v in self.env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        self.ctx = forced(**self.kw)
+        self.ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
-        import os
-
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        return False
+        return self.ctx.__exit__(*exc)
 
 
 def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -> list[EntryResult]:
@@ -474,3 +462,38 @@ def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -
             r.failures.append("refused every probe shape: " + "; ".join(r.refused))
         results.append(r)
     return results
+
+
+# Forcing dispatch from tests and benchmarks: the binding layer's resolver override (csrc/bindings/resolve.h),
+# not the environment, so that one process can switch between entries and split counts.
+@contextlib.contextmanager
+def forced(backend: str | None = None, config: str | None = None, splits: int | None = None):
+    """Within the block, every mm / linear call in this process runs the forced backend ("auto", "generic",
+    "sm90", "sm100"), the forced config (by name, nvfp4_gemm.configs()) and, on the split kernels (sm90), the
+    forced K split count (0: the plan's own); what is not given stays as it was (an outer forced() block, else
+    NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG). A forced choice that cannot run a problem is an error naming why.
+    Process-wide: not for use while other threads call mm with other intentions."""
+    op = torch.ops.nvfp4_gemm._force
+    prev = op("", "", 0)
+    op(prev[0], prev[1], prev[2])
+    new = (prev[0] if backend is None else backend, prev[1] if config is None else config,
+           prev[2] if splits is None else int(splits))
+    op(*new)
+    try:
+        yield
+    finally:
+        op(*prev)
+
+
+@contextlib.contextmanager
+def recorded_choices():
+    """Within the block, records what each CUDA mm / linear GEMM call ran: the yielded list receives, on exit,
+    one line per call as NVFP4_GEMM_PRINT_CONFIGS prints them ("sm90:<config> m=1 n=4096 k=4096 out=0",
+    "generic m=..."), in call order."""
+    op = torch.ops.nvfp4_gemm._record_choices
+    op(True)
+    lines: list[str] = []
+    try:
+        yield lines
+    finally:
+        lines.extend(op(False))

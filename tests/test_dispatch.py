@@ -34,3 +34,34 @@ def test_info_carries_the_rules():
         if backend in ("cpu", "generic"):
             continue
         assert backends[backend]["dispatch"] == text
+
+
+def test_forced_nests_and_restores():
+    """nvfp4_gemm.testing.forced sets the resolver's process-wide override (torch.ops.nvfp4_gemm._force) field by
+    field, nests, and restores the previous one on exit, also after an error; splits out of range are refused."""
+    import pytest
+    import torch
+
+    from nvfp4_gemm.testing import forced
+
+    op = torch.ops.nvfp4_gemm._force
+
+    def current():
+        prev = op("", "", 0)
+        op(*prev)
+        return tuple(prev)
+
+    assert current() == ("", "", 0)
+    with forced(backend="sm90"):
+        assert current() == ("sm90", "", 0)
+        with forced(config="cfg", splits=3):
+            assert current() == ("sm90", "cfg", 3)
+        assert current() == ("sm90", "", 0)
+        with pytest.raises(ValueError):
+            with forced(splits=2):
+                raise ValueError("inside")
+        assert current() == ("sm90", "", 0)
+    assert current() == ("", "", 0)
+    with pytest.raises(RuntimeError, match=r"splits must be in \[0, 2\^20\]"):
+        op("", "", -1)
+    assert current() == ("", "", 0)

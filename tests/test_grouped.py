@@ -524,7 +524,7 @@ def _cuda_backend(gbackend):
 @requires_cuda
 def test_cuda_graph_replay_with_new_routing(gbackend):
     """Routing, alpha and data change between replays of one captured graph: every replay is right, no host sync."""
-    _, device = _cuda_backend(gbackend)
+    name, device = _cuda_backend(gbackend)
     case = runnable(name, GroupedCase(96, 64, 128, 8, "uniform", torch.bfloat16, alpha=True, sfa_size="worst"))
     static = make_grouped_inputs(case, device, seed=20)
     args, kwargs = op_args(static)
@@ -549,7 +549,7 @@ def test_cuda_graph_replay_with_new_routing(gbackend):
 def test_cuda_graph_quantize_and_gemm_with_new_routing(gbackend):
     """The whole W4A4 step (quantize_grouped dynamic, grouped_mm) captured once, replayed with new tokens and new
     routing: each replay equals the eager call on the same inputs, bit for bit."""
-    _, device = _cuda_backend(gbackend)
+    name, device = _cuda_backend(gbackend)
     t, k, g = 80, 128, 6
     inputs = make_grouped_inputs(runnable(name, GroupedCase(t, 64, k, g)), device, seed=25)
     ws2 = torch.full((g,), 0.25, device=device)
@@ -580,7 +580,7 @@ def test_cuda_graph_quantize_and_gemm_with_new_routing(gbackend):
 def test_garbage_routing_stays_in_bounds(gbackend):
     """offs that break every rule (decreasing, negative, past T) give wrong rows but no fault: the next call on the
     stream still runs and is right."""
-    _, device = _cuda_backend(gbackend)
+    name, device = _cuda_backend(gbackend)
     good = make_grouped_inputs(runnable(name, GroupedCase(40, 32, 64, 4, alpha=True)), device, seed=30)
     args, kwargs = op_args(good)
     for bad in ([30, 10, -5, 40], [1000, 2000, 40, 40], [-7, -7, -7, -7], [40, 0, 40, 0]):
@@ -594,7 +594,7 @@ def test_garbage_routing_stays_in_bounds(gbackend):
 def test_runs_on_current_stream(gbackend):
     from nvfp4_gemm.testing import run_after_slow_producer
 
-    _, device = _cuda_backend(gbackend)
+    name, device = _cuda_backend(gbackend)
     inputs = make_grouped_inputs(runnable(name, GroupedCase(64, 32, 64, 4, alpha=True)), device, seed=31)
     call = dict(inputs)
     counts = call.pop("counts")
@@ -608,7 +608,7 @@ def test_runs_on_current_stream(gbackend):
 @requires_cuda
 def test_strided_b_groups(gbackend):
     """b a slice of a larger stacked weight (gate half of a fused gate_up): groups strided, rows K-major."""
-    _, device = _cuda_backend(gbackend)
+    name, device = _cuda_backend(gbackend)
     case = runnable(name, GroupedCase(50, 32, 64, 3, alpha=True))
     inputs = make_grouped_inputs(case, device, seed=32)
     big = torch.zeros((3, 64, 32), dtype=torch.uint8, device=device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import os
 import random
-import subprocess
 import sys
 import zlib
 
@@ -215,8 +214,7 @@ def test_same_bits_as_dense_mm(a_kind, monkeypatch):
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
     x = make_grouped([4, 0, 16, 1, 9], 384, 2048, a_kind, out_dtype=F16, seed=11)
     torch.ops.nvfp4_gemm._sm90_grouped_force_splits(1)
-    prev = torch.ops.nvfp4_gemm._sm90_force_splits(1)
-    try:
+    with nvfp4_gemm.testing.forced(backend="sm90", splits=1):
         for config in (0, 1, 2):
             out = run_grouped(x, config)
             for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
@@ -225,8 +223,6 @@ def test_same_bits_as_dense_mm(a_kind, monkeypatch):
                 dense = nvfp4_gemm.mm(x["a"][s:s + m], x["b"][i], x["group_sfa"][i], x["sfb"][i],
                                       x["alpha"][i:i + 1], out_dtype=F16)
                 assert torch.equal(out[s:s + m], dense), f"config {config} group {i}: grouped != dense mm"
-    finally:
-        torch.ops.nvfp4_gemm._sm90_force_splits(prev)
 
 
 def test_empty_and_zero_rows():
@@ -329,13 +325,20 @@ def test_public_op_on_sm90(a_kind, monkeypatch):
     check_grouped(x, out, "grouped_mm")
 
 
-def test_workspace_counters_and_sanitize_cases():
+def test_workspace_counters_and_sanitize_cases(capsys):
     """The sanitizer case script (empty groups, one group holding every row, groups of one row, T = 37, a group over
-    two sfa blocks, forced splits, garbage routing) in a child process with the counter slots off, so that split
-    launches count on workspace counters zeroed ahead of them (the path taken once a process's slots run out)."""
+    two sfa blocks, forced splits, garbage routing) with the counter slots off, so that split launches count on
+    workspace counters zeroed ahead of them (the path taken once a process's slots run out)."""
+    import runpy
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "benchmarks", "diagnostics", "sm90_grouped_sanitize_cases.py")
-    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS="0", PYTHONPATH=root)
-    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600, cwd=root)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "sm90 grouped sanitize cases ran" in run.stdout
+    prev = torch.ops.nvfp4_gemm._sm90_grouped_workspace_counters(True)
+    argv = sys.argv
+    try:
+        sys.argv = [script]
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = argv
+        torch.ops.nvfp4_gemm._sm90_grouped_workspace_counters(prev)
+    assert "sm90 grouped sanitize cases ran" in capsys.readouterr().out

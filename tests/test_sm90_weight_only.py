@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import nvfp4_gemm
-from nvfp4_gemm.testing import Reference, poison_cuda_allocator, run_after_slow_producer
+from nvfp4_gemm.testing import Reference, forced, poison_cuda_allocator, recorded_choices, run_after_slow_producer
 from conftest import backend_skip_reason
 
 _reason = backend_skip_reason("sm90")
@@ -89,19 +89,16 @@ def _is_wk(name):
 
 
 @pytest.mark.parametrize("a_dtype", [F16, BF16], ids=["f16", "bf16"])
-def test_every_config_forced(monkeypatch, a_dtype):
+def test_every_config_forced(a_dtype):
     """Each config, forced, on shapes off every tile size, split counts 1 and 3."""
     for i, name in enumerate(_configs()):
-        monkeypatch.setenv("NVFP4_GEMM_CONFIG", name)
         for j, (m, n, k) in enumerate(_FORCED_SHAPES_WK if _is_wk(name) else _FORCED_SHAPES):
             for splits in (1, 3):
-                old = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
-                try:
-                    seed = 100 * i + 10 * j + splits
-                    inputs = _inputs(m, n, k, a_dtype, F32, -0.75, seed=seed)
-                    Reference(inputs).check(nvfp4_gemm.mm(**inputs), f"{name} ({m},{n},{k}) splits {splits} seed {seed}")
-                finally:
-                    torch.ops.nvfp4_gemm._sm90_force_splits(old)
+                seed = 100 * i + 10 * j + splits
+                inputs = _inputs(m, n, k, a_dtype, F32, -0.75, seed=seed)
+                with forced(config=name, splits=splits):
+                    out = nvfp4_gemm.mm(**inputs)
+                Reference(inputs).check(out, f"{name} ({m},{n},{k}) splits {splits} seed {seed}")
 
 
 @pytest.mark.parametrize("a_dtype", [F16, BF16], ids=["f16", "bf16"])
@@ -166,23 +163,19 @@ def test_cuda_graph_replay(shape):
 
 def test_dispatch_takes_16_bit_activations():
     """Automatic dispatch: fp16 / bf16 activations run on sm90 (small-M or K-sliced at M <= 32, wgmma above), fp32
-    activations on the generic path (what NVFP4_GEMM_PRINT_CONFIGS reports, in a fresh process)."""
-    code = ("import torch, nvfp4_gemm\n"
-            "b = torch.randint(0, 256, (1024, 1024), dtype=torch.uint8, device='cuda')\n"
-            "sfb = nvfp4_gemm.to_blocked(torch.full((1024, 128), 0x38, dtype=torch.uint8, device='cuda').view(torch.float8_e4m3fn))\n"
-            "for dt in (torch.float16, torch.bfloat16, torch.float32):\n"
-            "    for m in (4, 100):\n"
-            "        nvfp4_gemm.mm(torch.randn(m, 2048, device='cuda').to(dt), b, None, sfb)\n"
-            "torch.cuda.synchronize()\n")
-    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1")
-    env.pop("NVFP4_GEMM_BACKEND", None)
-    env.pop("NVFP4_GEMM_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]") and "w4a16" in ln]
+    activations on the generic path (nvfp4_gemm.testing.recorded_choices)."""
+    b = torch.randint(0, 256, (1024, 1024), dtype=torch.uint8, device="cuda")
+    sfb = nvfp4_gemm.to_blocked(torch.full((1024, 128), 0x38, dtype=torch.uint8, device="cuda")
+                                .view(torch.float8_e4m3fn))
+    with forced(backend="auto"), recorded_choices() as recorded:
+        for dt in (F16, BF16, F32):
+            for m in (4, 100):
+                nvfp4_gemm.mm(torch.randn(m, 2048, device="cuda").to(dt), b, None, sfb)
+    torch.cuda.synchronize()
+    lines = [ln for ln in recorded if "w4a16" in ln]
     assert len(lines) == 6, lines
-    sm90 = [ln for ln in lines if ln.startswith("[nvfp4_gemm] sm90:")]
-    generic = [ln for ln in lines if ln.startswith("[nvfp4_gemm] generic")]
+    sm90 = [ln for ln in lines if ln.startswith("sm90:")]
+    generic = [ln for ln in lines if ln.startswith("generic")]
     assert len(sm90) == 4 and len(generic) == 2, lines
     assert any(("_smallm_" in ln or "_wk_" in ln) and " m=4 " in ln for ln in sm90), sm90
     assert any("_smallm_" not in ln and "_wk_" not in ln and " m=100 " in ln for ln in sm90), sm90
@@ -212,8 +205,7 @@ def test_linear_quantizes_in_the_gemm(x_dtype, mode):
         wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
         input_scale = (finite_amax(x) / 2688.0 * 0.8).reshape(1)
         for splits in (0, rng.choice([1, 2, 3])):
-            old = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
-            try:
+            with forced(splits=splits):
                 y = nvfp4_gemm.linear(x, wq, wsf, ws2, input_scale if mode == "static" else None)
                 if mode == "static":
                     decode = input_scale
@@ -223,19 +215,19 @@ def test_linear_quantizes_in_the_gemm(x_dtype, mode):
                     decode = torch.reciprocal(encode)
                 packed, sf = nvfp4_gemm.quantize(x, encode)
                 ref = nvfp4_gemm.mm(packed, wq, sf, wsf, decode * ws2, x_dtype)
-                assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (m, n, k, splits)
-            finally:
-                torch.ops.nvfp4_gemm._sm90_force_splits(old)
+            assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (m, n, k, splits)
 
 
-def check_wk_quantize_on_the_fly(mode):
-    """test_wk_configs_quantize_on_the_fly's body, run in a fresh process (the load order is read once)."""
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_wk_configs_quantize_on_the_fly(mode):
+    """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
+    A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
+    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm()."""
     from nvfp4_gemm.quantize import finite_amax, global_encode_scale
 
     wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
     assert wk
     for i, name in enumerate(wk):
-        os.environ["NVFP4_GEMM_CONFIG"] = name
         for j, (m, n, k) in enumerate(((1, 136, 256), (13, 200, 2048), (40, 136, 512), (16, 264, 1536))):
             g = torch.Generator(device="cuda").manual_seed(10 * i + j)
             x_dtype = (F16, BF16, F32)[(i + j) % 3]
@@ -246,36 +238,13 @@ def check_wk_quantize_on_the_fly(mode):
             wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
             input_scale = (finite_amax(x) / 2688.0 * 0.7).reshape(1)
             poison_cuda_allocator(m * n * 4 + m * k, torch.device("cuda"))
-            y = nvfp4_gemm.linear(x, wq, wsf, ws2, input_scale if mode == "static" else None)
-            encode = torch.reciprocal(input_scale) if mode == "static" else global_encode_scale(finite_amax(x))
-            packed, sf = nvfp4_gemm.quantize(x, encode)
-            ref = nvfp4_gemm.mm(packed, wq, sf, wsf, torch.reciprocal(encode) * ws2 if mode == "dynamic"
-                                else input_scale * ws2, x_dtype)
+            with forced(config=name):
+                y = nvfp4_gemm.linear(x, wq, wsf, ws2, input_scale if mode == "static" else None)
+                encode = torch.reciprocal(input_scale) if mode == "static" else global_encode_scale(finite_amax(x))
+                packed, sf = nvfp4_gemm.quantize(x, encode)
+                ref = nvfp4_gemm.mm(packed, wq, sf, wsf, torch.reciprocal(encode) * ws2 if mode == "dynamic"
+                                    else input_scale * ws2, x_dtype)
             assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (name, m, n, k, x_dtype)
-
-
-_WK_QUANT_CHECK = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import test_sm90_weight_only as t
-t.check_wk_quantize_on_the_fly(sys.argv[2])
-print("ok")
-"""
-
-
-@pytest.mark.parametrize("early_b", ["", "1", "64"], ids=["b-default", "b-stage0-early", "b-pipeline-early"])
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
-def test_wk_configs_quantize_on_the_fly(mode, early_b):
-    """The K-sliced configs, forced, on linear's W4A4: x quantized into the call's workspace, then read as NVFP4
-    A. Past TOKENS (M = 40: several launches reuse the workspace, each quantizing its own rows), x with rows
-    further apart than K (a view), every x dtype, poisoned memory: bit for bit quantize() + mm(). The producer's
-    orders of loads around its grid-dependency wait (NVFP4_GEMM_SM90_WK_EARLY_B, read once per process: one
-    process each): the default, one stage of B early, the whole pipeline early."""
-    env = dict(os.environ, NVFP4_GEMM_SM90_WK_EARLY_B=early_b, NVFP4_GEMM_BACKEND="sm90")
-    env.pop("NVFP4_GEMM_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", _WK_QUANT_CHECK, os.path.dirname(os.path.abspath(__file__)), mode],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 _DYNAMIC_CHECK = """
@@ -300,43 +269,58 @@ def check(seed):
                 ref = nvfp4_gemm.mm(packed, wq, sf, wsf, scales[2:3], x_dtype)
                 assert torch.equal(y.view(torch.uint8), ref.view(torch.uint8)), (x_dtype, m, n, k, i)
 check(int(sys.argv[1]))
+if sys.argv[2] == "workspace-words":
+    # Take every split-counter slot of the device (one per stream and capture sequence: each capture takes a new
+    # one), so that the calls below, captured, count on workspace words zeroed ahead.
+    x = torch.randn(1, 256, device="cuda")
+    w, s2 = nvfp4_gemm.quantize(torch.randn(128, 256, device="cuda"), torch.ones(1, device="cuda"))
+    for _ in range(130):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            nvfp4_gemm.linear(x, w, s2, torch.ones(1, device="cuda"))
+    eager = nvfp4_gemm.linear
+    def captured(*args):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = eager(*args)
+        g.replay()
+        torch.cuda.synchronize()
+        return y
+    nvfp4_gemm.linear = captured
+    check(int(sys.argv[1]))
 print("ok")
 """
 
 
-@pytest.mark.parametrize("slots", ["1", "0"], ids=["counter-slot", "workspace-words"])
+@pytest.mark.parametrize("slots", ["counter-slot", "workspace-words"])
 def test_dynamic_scales_formed_in_the_gemm(slots):
     """Dynamic W4A4 at M <= 16 (K % 256 == 0) and M > 32: the call forms the input scales itself (a grid-wide max
     over x's finite values, then recipe.h's scales; the K-sliced call's quantization kernel, the wgmma configs'
     A prepass, which at M = 600 loops over more groups than its one-CTA-per-SM grid holds) with no input-scales
     launch; bit for bit the input-scales op, quantize and mm, for every x dtype, a launch after a larger amax
     (the reduction words start from zero each time), all zeros, NaN / inf elements and nothing finite; on the
-    stream's counter slot and, with the slots off, on workspace words zeroed ahead."""
-    env = dict(os.environ, NVFP4_GEMM_SM90_COUNTER_SLOTS=slots, NVFP4_GEMM_BACKEND="sm90")
+    stream's counter slot and, once every slot of the device is taken (in a child process, which takes them all
+    with CUDA-graph captures), on workspace words zeroed ahead, in captured calls."""
+    env = dict(os.environ, NVFP4_GEMM_BACKEND="sm90")
     env.pop("NVFP4_GEMM_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHECK, "5"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", _DYNAMIC_CHECK, "5", slots], env=env, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 def test_linear_runs_one_fused_gemm():
-    """NVFP4_GEMM_PRINT_CONFIGS names what runs: one GEMM call that quantizes x itself, the K-sliced kernel at
+    """What runs (nvfp4_gemm.testing.recorded_choices): one GEMM call that quantizes x itself, the K-sliced kernel at
     M = 4 (K % 256 == 0), a wgmma config at M = 100."""
-    code = ("import torch, nvfp4_gemm\n"
-            "w = torch.randn(256, 1024, device='cuda')\n"
-            "ws2 = (w.abs().amax() / 2688.0).reshape(1)\n"
-            "wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)\n"
-            "for m in (4, 100):\n"
-            "    x = torch.randn(m, 1024, device='cuda', dtype=torch.bfloat16)\n"
-            "    nvfp4_gemm.linear(x, wq, wsf, ws2, torch.full((1,), 0.01, device='cuda'))\n"
-            "    nvfp4_gemm.linear(x, wq, wsf, ws2)\n"
-            "torch.cuda.synchronize()\n")
-    env = dict(os.environ, NVFP4_GEMM_PRINT_CONFIGS="1")
-    env.pop("NVFP4_GEMM_BACKEND", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("[nvfp4_gemm]")]
-    sm90 = [ln for ln in lines if ln.startswith("[nvfp4_gemm] sm90:")]
+    w = torch.randn(256, 1024, device="cuda")
+    ws2 = (w.abs().amax() / 2688.0).reshape(1)
+    wq, wsf = nvfp4_gemm.quantize(w, 1.0 / ws2)
+    with forced(backend="auto"), recorded_choices() as lines:
+        for m in (4, 100):
+            x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+            nvfp4_gemm.linear(x, wq, wsf, ws2, torch.full((1,), 0.01, device="cuda"))
+            nvfp4_gemm.linear(x, wq, wsf, ws2)
+    torch.cuda.synchronize()
+    sm90 = [ln for ln in lines if ln.startswith("sm90:")]
     small = [ln for ln in sm90 if " m=4 " in ln]
     large = [ln for ln in sm90 if " m=100 " in ln]
     assert small and all("_wk_" in ln and "quantizing a=bf16" in ln for ln in small), lines
@@ -365,8 +349,7 @@ def test_chain_consumes_the_previous_output(m, splits, n):
                 torch.cuda.synchronize()
         return x
 
-    previous = torch.ops.nvfp4_gemm._sm90_force_splits(splits)
-    try:
+    with forced(splits=splits):
         ref = chain(x0, sync=True)
         assert bool(torch.isfinite(ref).all()) and ref.abs().max() > 0
         assert torch.equal(chain(x0, sync=False), ref)
@@ -383,8 +366,6 @@ def test_chain_consumes_the_previous_output(m, splits, n):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, ref)
-    finally:
-        torch.ops.nvfp4_gemm._sm90_force_splits(previous)
 
 
 @pytest.mark.parametrize("m, n", [(1, 2048), (16, 8192)], ids=["small-m", "k-sliced"])

@@ -20,6 +20,7 @@ import subprocess
 import torch
 
 import nvfp4_gemm
+from nvfp4_gemm.testing import forced
 
 TARGETS = [  # (M, N, K, target kind, target value)
     (128, 7168, 16384, "ratio", 0.50),
@@ -97,13 +98,9 @@ def run_shape(m, n, k, copy_bw, mm_rate, splits_list, configs_list=()):
     for cfg in configs_list:  # forced configs, e.g. the wgmma one against the small-M kernel
         row[f"cfg:{cfg}"] = with_env({"NVFP4_GEMM_BACKEND": "sm90", "NVFP4_GEMM_CONFIG": cfg},
                                      lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
-    for s in splits_list:  # forced through the test hook: the environment variable is read once per process
-        prev = torch.ops.nvfp4_gemm._sm90_force_splits(int(s))
-        try:
-            row[f"sm90_split{s}_us"] = with_env({"NVFP4_GEMM_BACKEND": "sm90"},
-                                                lambda: bench(lambda: nvfp4_gemm.mm(**inp))) * 1e6
-        finally:
-            torch.ops.nvfp4_gemm._sm90_force_splits(prev)
+    for s in splits_list:  # a forced split count (nvfp4_gemm.testing.forced)
+        with forced(backend="sm90", splits=int(s)):
+            row[f"sm90_split{s}_us"] = bench(lambda: nvfp4_gemm.mm(**inp)) * 1e6
     must_read = m * k // 2 + n * k // 2 + inp["sfa"].numel() + inp["sfb"].numel() + m * n * 2
     t = row["sm90_us"] * 1e-6
     row["tflops"] = 2 * m * n * k / t / 1e12

@@ -58,7 +58,7 @@ for m, n, k in SHAPES:
                 continue
             os.environ["NVFP4_GEMM_CONFIG"] = v[4:]
         # A split count forced for this variant only (0: automatic); the environment is read once.
-        torch.ops.nvfp4_gemm._sm90_force_splits(0 if v == "auto" or v.startswith("cfg=") else int(v))
+        torch.ops.nvfp4_gemm._force("", "", 0 if v == "auto" or v.startswith("cfg=") else int(v))
         for _ in range(3):
             nvfp4_gemm.mm(a, b, sfa, sfb)
         torch.cuda.synchronize()

@@ -63,15 +63,15 @@ shapes = [(1, 136, 96), (9, 264, 544), (12, 264, 1536), (20, 136, 288), (33, 128
           (130, 392, 160), (300, 136, 544)]
 for m, n, k in shapes:
     for splits in (1, 3):
-        torch.ops.nvfp4_gemm._sm90_force_splits(splits)
+        torch.ops.nvfp4_gemm._force("", "", splits)
         check(m, n, k, splits)
         check(m, n, k, splits, torch.float16)  # the epilogue stages fp16 and fp32 tiles differently
         for dt in (torch.float16, torch.bfloat16):
             check_weight_only(m, n, k, splits, dt)
         check_fused_linear(m, n, k, splits, (torch.float16, torch.bfloat16, torch.float32)[m % 3])
 # Forced, with a split: the small-M configs (M = 40 runs as several launches) and the wgmma configs of 8,
-# 16 and 32 tokens, which automatic dispatch does not reach (M <= 32 goes to the small-M kernels).
-torch.ops.nvfp4_gemm._sm90_force_splits(3)
+# 16 and 32 tokens, which automatic dispatch does not reach (M <= 32 goes to the small-M kernel).
+torch.ops.nvfp4_gemm._force("", "", 3)
 forced = [c for c in nvfp4_gemm.configs()["sm90"]
           if "_wk_" not in c and ("_smallm_" in c or any(f"xt{t}xk" in c for t in (8, 16, 32)))]
 for cfg in forced:
@@ -92,7 +92,7 @@ for cfg in wk:
             check_fused_linear(m, n, k, cfg, dt)
     check(136, 264, 256, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
-torch.ops.nvfp4_gemm._sm90_force_splits(0)
+torch.ops.nvfp4_gemm._force("", "", 0)
 for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048), (64, 200, 1056), (600, 136, 544)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)

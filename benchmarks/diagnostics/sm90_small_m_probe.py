@@ -3,7 +3,7 @@ replay (launch overhead gone), and per kernel through torch.profiler; plus the p
 problem. Diagnostics for docs/SM90_NOTES.md.
 
     python benchmarks/diagnostics/sm90_small_m_probe.py [M,N,K ...]   (default: the two small-M targets)
-Environment as for mm (NVFP4_GEMM_CONFIG, NVFP4_GEMM_SM90_SPLITS read at the first call, ...); the sm90
+Environment as for mm (NVFP4_GEMM_CONFIG, ...); the sm90
 backend is forced.
 """
 import collections

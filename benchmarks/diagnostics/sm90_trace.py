@@ -5,7 +5,7 @@ and what the epilogue (stores, split partials, fix-up) costs. Diagnostics for do
 Needs a diagnostics build (the stamps are compiled in only there):
   NVFP4_GEMM_DIAGNOSTICS=1 NVFP4_GEMM_CUDA_ARCHS=9.0a python setup.py build_ext --inplace
   python benchmarks/diagnostics/sm90_trace.py [M,N,K ...]   (default: the Hopper targets at M <= 512)
-Environment as for mm (NVFP4_GEMM_SM90_SPLITS read at the first call, etc.). Times in us from the first
+Environment as for mm (NVFP4_GEMM_CONFIG, ...). Times in us from the first
 CTA's entry.
 """
 import os

@@ -65,10 +65,10 @@ def main() -> None:
             if hum:
                 line.append(f"humming {timer.graph_us(build('humming', sets, k, dev, reader)[0]):.2f}")
             for sp in (int(v) for v in args.splits.split(",")):
-                torch.ops.nvfp4_gemm._sm90_force_splits(sp)
+                torch.ops.nvfp4_gemm._force("", "", sp)
                 t = timer.graph_us(ours)
                 line.append(f"{'auto' if sp == 0 else f's{sp}'} {t:.2f} ({t / read:.2f}x)")
-            torch.ops.nvfp4_gemm._sm90_force_splits(0)
+            torch.ops.nvfp4_gemm._force("", "", 0)
             for cfg in args.configs.split(",") if args.configs else []:  # each small-M config forced in turn
                 try:
                     with env("NVFP4_GEMM_CONFIG", cfg):

@@ -17,7 +17,8 @@ std::vector<std::string> register_backends() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<const BackendApi*> found;
   std::vector<std::string> names;
-  for (const char* name : kArchBackendNames) {
+  for (const ArchBackendName& arch : kArchBackends) {
+    const char* name = arch.name;
     const std::string op = std::string("nvfp4_gemm::_backend_api_") + name;
     auto handle = c10::Dispatcher::singleton().findSchema({op, ""});
     if (!handle.has_value()) continue;

@@ -4,14 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "bindings/resolve.h"
 #include "common/problem.h"
 
 namespace nvfp4_gemm {
 
-// Backend names in the order the automatic dispatch prefers them (newest architecture first).
-inline constexpr const char* kArchBackendNames[] = {"sm100", "sm90", "sm120"};
-
-// Looks up `nvfp4_gemm::_backend_api_<name>` for every known name and keeps the tables found.
+// Looks up `nvfp4_gemm::_backend_api_<name>` for every name of kArchBackends (resolve.h) and keeps the tables found.
 // Called by Python after importing the arch modules; returns the names found.
 std::vector<std::string> register_backends();
 

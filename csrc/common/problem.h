@@ -69,6 +69,9 @@ struct Problem {
   // and mm. Only a backend whose can_run says so takes it (sm90's K-sliced configs).
   const float* a_dynamic_ws2 = nullptr;
   float* a_dynamic_out = nullptr;
+  // Tests: the K split count of the split kernels (sm90), set by the binding layer's resolver from
+  // nvfp4_gemm.testing.forced(splits=...); 0: the backend's own plan. workspace_bytes and run see the same value.
+  int32_t forced_splits = 0;
 };
 
 inline bool dynamic_a(const Problem& p) { return p.a_dynamic_ws2 != nullptr && p.a_type != AType::kE2m1; }
@@ -76,21 +79,25 @@ inline bool quantizes_a(const Problem& p) {
   return (p.a_scale != nullptr || p.a_dynamic_ws2 != nullptr) && p.a_type != AType::kE2m1;
 }
 
+// What a backend needs to know of the device a problem runs on: filled once per device by the binding layer
+// (its one per-device cache) and handed to every call, so that no backend queries the device per call.
 struct DeviceInfo {
   int32_t sm;              // major * 10 + minor, e.g. 90, 100, 103
   int32_t num_sms;
   int64_t smem_optin;      // max dynamic shared memory per block after opt-in, bytes
+  int32_t index = 0;       // the CUDA device index (the current device of the call)
 };
 
 // The table an arch module (nvfp4_gemm._C_sm90, _C_sm100, ...) hands to the binding layer. Plain C
 // function pointers: the modules are separate shared objects, each built with only its own -gencode.
 // v4: Problem::a_type (the weight-only form reaches the arch modules; each can_run refuses what it lacks).
 // v5: Problem::a_dynamic_ws2 / a_dynamic_out (dynamic quantization on the fly).
-inline constexpr int32_t kBackendAbiVersion = 5;
+// v6: run takes the DeviceInfo; Problem::forced_splits; DeviceInfo::index.
+inline constexpr int32_t kBackendAbiVersion = 6;
 
 struct BackendApi {
   int32_t abi_version;          // kBackendAbiVersion
-  const char* name;             // "sm90", "sm100": what NVFP4_GEMM_BACKEND names
+  const char* name;             // "sm90", "sm100": a name of bindings/resolve.h's kArchBackends
   const char* compiled_for;     // e.g. "sm_90a" or "sm_100f"
   int32_t num_configs;
   const char* const* config_names;  // procedural kernel names, one per config
@@ -102,8 +109,9 @@ struct BackendApi {
   bool (*can_run)(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len);
   // Device workspace the config needs for this problem (0 if none). Zeroing is the backend's job.
   size_t (*workspace_bytes)(const Problem* p, int32_t config, const DeviceInfo* dev);
-  // Enqueue the GEMM on `stream`. Returns true on a successful launch; false: `err` says why.
-  bool (*run)(const Problem* p, int32_t config, void* workspace, size_t workspace_bytes,
+  // Enqueue the GEMM on `stream` (on device dev->index, the current one). Returns true on a successful launch;
+  // false: `err` says why.
+  bool (*run)(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t workspace_bytes,
               cudaStream_t stream, char* err, size_t err_len);
   // Optional (nullptr: never). True where the generic path measured faster than this backend's pick:
   // automatic dispatch then moves on (to the next backend, then generic); a forced backend still runs.

@@ -2,7 +2,6 @@
 // a kernel's refusal into a message. Torch-free and CUTLASS-free.
 #include <climits>
 #include <cstdio>
-#include <mutex>
 
 #include <cuda_runtime_api.h>
 
@@ -86,52 +85,13 @@ size_t api_workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* d
   return ops(config, p->out_dtype).workspace(*p, *dev);
 }
 
-// The binding layer sized the workspace with its DeviceInfo; the SM count comes from the same device.
-// Cached per device, under a lock: threads may call on several devices at once.
-bool current_device(DeviceInfo* dev, int* device, char* err, size_t err_len) {
-  constexpr int kMaxDevices = 64;
-  static std::mutex mutex;
-  static int sm_count[kMaxDevices] = {};
-  static int sm_version[kMaxDevices] = {};
-  cudaError_t e = cudaGetDevice(device);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // taken out of the last-error slot: reported here, not by the next launch check
-    std::snprintf(err, err_len, "sm100: querying the current device failed: %s", cudaGetErrorString(e));
-    return false;
-  }
-  if (*device < 0 || *device >= kMaxDevices) {
-    std::snprintf(err, err_len, "sm100: device index %d is past the %d devices this backend keeps settings for",
-                  *device, kMaxDevices);
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  if (sm_count[*device] == 0) {
-    int major = 0, minor = 0, count = 0;
-    e = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, *device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      std::snprintf(err, err_len, "sm100: querying device %d failed: %s", *device, cudaGetErrorString(e));
-      return false;
-    }
-    sm_version[*device] = major * 10 + minor;
-    sm_count[*device] = count;
-  }
-  dev->sm = sm_version[*device];
-  dev->num_sms = sm_count[*device];
-  dev->smem_optin = 0;
-  return true;
-}
-
-bool api_run(const Problem* p, int32_t config, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-         char* err, size_t err_len) {
-  DeviceInfo dev{};
-  int device = 0;
-  if (!current_device(&dev, &device, err, err_len)) return false;
+// The binding layer sized the workspace with the same DeviceInfo, so the split plan of run and workspace_bytes agree.
+bool api_run(const Problem* p, int32_t config, const DeviceInfo* devp, void* workspace, size_t workspace_bytes,
+             cudaStream_t stream, char* err, size_t err_len) {
+  const DeviceInfo& dev = *devp;
   if (!api_can_run(p, config, &dev, err, err_len)) return false;
   const float* alpha = p->alpha;
-  if (!alpha && !(alpha = device_one(device))) {
+  if (!alpha && !(alpha = device_one(dev.index))) {
     std::snprintf(err, err_len, "sm100: cannot get the device address of the constant 1.0f alpha");
     return false;
   }

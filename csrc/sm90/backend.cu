@@ -90,21 +90,20 @@ bool is_a16(const Problem& p) {
 // Whether the wgmma kernel multiplies in bf16 (bf16 activations); otherwise fp16 (NVFP4 A decodes to fp16).
 bool mma_bf16(const Problem& p) { return is_a16(p) && p.a_type == AType::kBFloat16; }
 
-#define NVFP4_SM90_NAME_ENTRY(T, KT, S, B) NVFP4_SM90_NAME(T, KT, S, B),
-#define NVFP4_SM90_SMALL_M_NAME_ENTRY(T, KB, D, B, R) NVFP4_SM90_SMALL_M_NAME(T, KB, D, B, R),
-#define NVFP4_SM90_WK_NAME_ENTRY(T, S, B) NVFP4_SM90_WK_NAME(T, S, B),
-constexpr const char* kConfigNames[] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_NAME_ENTRY)
-                                            NVFP4_SM90_SMALL_M_CONFIGS(NVFP4_SM90_SMALL_M_NAME_ENTRY)
-                                                NVFP4_SM90_WK_CONFIGS(NVFP4_SM90_WK_NAME_ENTRY)};
-#undef NVFP4_SM90_NAME_ENTRY
-#undef NVFP4_SM90_SMALL_M_NAME_ENTRY
-#undef NVFP4_SM90_WK_NAME_ENTRY
-static_assert(sizeof(kConfigNames) / sizeof(kConfigNames[0]) == kNumConfigs, "one name per config");
+// BackendApi::config_names: the table's names, in config-index order.
+const char* const* config_names() {
+  static const char* const* names = [] {
+    static const char* list[kNumConfigs];
+    for (int i = 0; i < kNumConfigs; ++i) list[i] = kConfigs[i].name;
+    return list;
+  }();
+  return names;
+}
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
-// bounded (the issue's 64 MiB) whatever M is.
+// bounded (64 MiB) whatever M is.
 constexpr int64_t kMaxADecBytes = 40ll << 20;
-constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;  // decoded A + split partials + counters (issue: <= 64 MiB)
+constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;  // decoded A + split partials + counters (<= 64 MiB)
 
 struct Plan {
   int config = -1;
@@ -121,20 +120,6 @@ struct Plan {
   int64_t bytes() const { return a_bytes + partial_bytes + counter_bytes + dyn_bytes; }
 };
 
-// Tests and benchmarks: a forced split count (0: automatic). NVFP4_GEMM_SM90_SPLITS sets it once, at the
-// first call; torch.ops.nvfp4_gemm._sm90_force_splits (set_forced_splits) changes it later. Never per call
-// from the environment: dispatch reads no environment variable on the hot path.
-std::atomic<int>& forced_splits_slot() {
-  static std::atomic<int> slot{[] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_SPLITS");
-    const int v = env ? std::atoi(env) : 0;
-    return v >= 1 ? v : 0;
-  }()};
-  return slot;
-}
-
-int forced_splits() { return forced_splits_slot().load(std::memory_order_relaxed); }
-
 // A failed runtime call's error, also taken out of the thread's last-error slot, so that the next launch
 // checked with cudaGetLastError (ours or anyone's) does not report it again.
 cudaError_t consumed(cudaError_t e) {
@@ -142,14 +127,10 @@ cudaError_t consumed(cudaError_t e) {
   return e;
 }
 
-int num_sms_of_current_device() {
-  int dev = 0, sms = 132;
-  if (consumed(cudaGetDevice(&dev)) == cudaSuccess)
-    consumed(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
+// The device's SM count, from the DeviceInfo the binding layer fills once per device.
+int sms_of(const DeviceInfo* dev) { return dev->num_sms; }
 
-// The cost model's time of one K tile of one CTA: its MMA time (measured in v1: 0.83 us for 128 tokens, ~5 TFLOP/s
+// The cost model's time of one K tile of one CTA: its MMA time (measured: 0.83 us for 128 tokens, ~5 TFLOP/s
 // per SM) or its bytes at the SM's share of 3 TB/s, whichever is more.
 double k_tile_seconds(int tokens, int kt, int sms) {
   const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
@@ -159,31 +140,8 @@ double k_tile_seconds(int tokens, int kt, int sms) {
 
 int tiles_of(const Plan& pl, int64_t rows) { return pl.tiles_w * static_cast<int>(ceil_div(rows, pl.tokens)); }
 
-// Experiment switches, each read once per process: set to 0, they turn a part of the wgmma kernel's plan off for
-// A/B runs in one build.
-//  - NVFP4_GEMM_SM90_CLUSTER=0: no split over a thread-block cluster, only through global memory;
-//  - NVFP4_GEMM_SM90_ONE_WAVE=0: grids of at least one CTA per tile (no one wave over more tiles than SMs);
-//  - NVFP4_GEMM_SM90_STAGED_C=0: the output stored quad by quad instead of each tile staged in shared memory for
-//    16-byte stores (GemmParams::staged_c).
-bool env_not_zero(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && env[0] == '0');
-}
-bool cluster_split_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_CLUSTER");
-  return on;
-}
-bool one_wave_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_ONE_WAVE");
-  return on;
-}
-bool staged_c_enabled() {
-  static const bool on = env_not_zero("NVFP4_GEMM_SM90_STAGED_C");
-  return on;
-}
-
 // The split planner's inputs for one chunk of `tiles` tiles (split_plan.h).
-SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
+SplitInputs split_inputs(const Problem& p, const Plan& pl, int tiles, int config, int sms) {
   SplitInputs in;
   in.tiles = tiles;
   in.ktiles = pl.ktiles;
@@ -191,9 +149,8 @@ SplitInputs split_inputs(const Plan& pl, int tiles, int config, int sms) {
   in.t_tile = k_tile_seconds(pl.tokens, pl.kt, in.sms);
   in.tile_bytes = static_cast<int64_t>(pl.tokens) * kTileW * 4;
   in.workspace_left = kMaxWorkspaceBytes - pl.a_bytes;
-  in.forced = forced_splits();
-  in.clusters = cluster_split_enabled() && config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
-  in.one_wave = one_wave_enabled();
+  in.forced = p.forced_splits;
+  in.clusters = config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
   return in;
 }
 
@@ -223,7 +180,7 @@ Plan make_plan(const Problem& p, int config, int sms) {
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
     const int tiles = tiles_of(pl, rows);
-    const SplitInputs in = split_inputs(pl, tiles, config, sms);
+    const SplitInputs in = split_inputs(p, pl, tiles, config, sms);
     const Split sp = plan_split(in, config, mma_bf16(p));
     pl.partial_bytes = std::max(pl.partial_bytes, split_partial_bytes(in, sp));
     pl.counter_bytes = std::max(pl.counter_bytes, round_up(split_counters(in, sp) * 4, 256));
@@ -259,22 +216,6 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, ui
   const cuuint32_t elem_strides[2] = {1, 1};
   return fn(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// The layout experiment of wk_layout.py (wk_tiled_experiment): b's bytes in the order [tiles][128 rows][128
-// bytes], one (128-row block, 256-K block) tile a box, which lands in shared memory exactly as the 2-D map's
-// {128, 128} box over row-major B does.
-bool encode_tiled_b(CUtensorMap* map, const uint8_t* base, int64_t n, int64_t k) {
-  EncodeTiledFn fn = encode_tiled();
-  if (!fn) return false;
-  constexpr cuuint64_t kRows = kWkRows, kBytes = kWkK / 2;
-  const cuuint64_t dims[3] = {kBytes, kRows, static_cast<cuuint64_t>(ceil_div(n, kWkRows) * (k / kWkK))};
-  const cuuint64_t strides[2] = {kBytes, kRows * kBytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBytes), static_cast<cuuint32_t>(kRows), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(base), dims, strides, box, elem_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 #ifdef NVFP4_GEMM_DIAGNOSTICS
@@ -345,12 +286,9 @@ __global__ void zero_counters_kernel(uint32_t* counters, int n) {
 
 // The split-counter slot of this stream (split_counters.cuh), or -1: none free, or more row blocks than a slot
 // holds; the launch then counts on workspace counters behind a reset launch.
-// NVFP4_GEMM_SM90_COUNTER_SLOTS=0 (read once) turns the slots off, so that tests and benchmarks reach the
-// workspace path on ordinary shapes.
 int split_counter_slot(int row_blocks, cudaStream_t stream) {
   static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
-  static const bool off = !env_not_zero("NVFP4_GEMM_SM90_COUNTER_SLOTS");
-  if (off || row_blocks > kSplitCounterRows) return -1;
+  if (row_blocks > kSplitCounterRows) return -1;
   int index = -1;
   if (slots->get(stream, &index) != cudaSuccess) {
     cudaGetLastError();  // the stream query failed: the workspace path is always right
@@ -395,7 +333,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
                               : small_m_live_tokens(c.tokens, std::min<int64_t>(p.m, c.tokens));
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = std::clamp<int64_t>(ceil_div(pl.kblocks, splits_fit), 1, int64_t{c.kt} * c.tokens / live);
-  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  if (p.forced_splits > 0) kb = ceil_div(pl.kblocks, p.forced_splits);  // tests
   // Decoded A for kb blocks (and the B ring) must fit in shared memory: a forced split count is a request,
   // not a promise.
   const int ring_bytes = small_m_ring_bytes(c.ring);
@@ -413,7 +351,7 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
       std::min<int64_t>(int64_t{small_m_smem_bytes(live, 1)} * kb + ring_bytes, int64_t{1} << 30));
   // A cluster's CTAs are placed together: measured faster than the workspace only for a few splits in one
   // wave ((16, 6144, 4096): 4 splits, 192 CTAs, 14.4-14.6 vs 15.7 us); 3 splits over 2.5 waves lost
-  // ((16, 28672, 4096): 53.8 vs 48.6 us), as did 8 splits in one wave (docs/NOTES.md, v3).
+  // ((16, 28672, 4096): 53.8 vs 48.6 us), as did 8 splits in one wave (docs/NOTES.md).
   pl.cluster = c.ring > 0 && splits > 1 && splits <= kMaxClusterSplits &&
                static_cast<int64_t>(pl.row_blocks) * splits <= static_cast<int64_t>(c.ctas_per_sm) * sms;
   if (splits > 1 && !pl.cluster) {  // a cluster reduces through distributed shared memory: no workspace
@@ -423,10 +361,10 @@ SmallMPlan make_small_m_plan(const Problem& p, int config, int sms) {
   return pl;
 }
 
-bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-                 size_t err_len) {
+bool run_small_m(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+                 cudaStream_t stream, char* err, size_t err_len) {
   const KernelConfig& c = kConfigs[config];
-  const SmallMPlan pl = make_small_m_plan(*p, config, num_sms_of_current_device());
+  const SmallMPlan pl = make_small_m_plan(*p, config, sms_of(dev));
   if (!workspace_ok(pl.partial_bytes + pl.counter_bytes, workspace, ws_bytes, err, err_len)) return false;
   SmallMLaunch l{};
   SmallMParams& sp = l.params;
@@ -452,7 +390,7 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   sp.splits = pl.splits;
   sp.cluster = pl.cluster;
   // The ring configs count on a slot's counters (no reset launch): measured (H100, graph per call, same run,
-  // docs/NOTES.md v5) 1.1-1.3 us faster per split call at (16, 1024 / 4096, 4096). The register configs keep the
+  // docs/NOTES.md) 1.1-1.3 us faster per split call at (16, 1024 / 4096, 4096). The register configs keep the
   // reset launch ahead: their M = 1 calls measured 0.2-0.8 us slower on a slot ((1, 4096, 4096) 11.27 vs 10.47).
   sp.counter_slot = pl.partial_bytes && c.ring > 0 ? split_counter_slot(pl.row_blocks, stream) : -1;
   sp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales, A exact (sm90_small_m.cuh)
@@ -488,34 +426,13 @@ bool run_small_m(const Problem* p, int32_t config, void* workspace, size_t ws_by
   return true;
 }
 
-// Experiments only (benchmarks/diagnostics/wk_layout.py): NVFP4_GEMM_SM90_WK_TILED=1 makes the K-sliced
-// kernel read b's bytes as 128 x 128-byte tiles (one per 128-row block and 256-K stage) instead of row-major
-// rows, to time the two layouts against each other (docs/NOTES.md v5). Read once; never set it for real use.
-bool wk_tiled_experiment() {
-  static const bool on = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_WK_TILED");
-    return env && env[0] == '1';
-  }();
-  return on;
-}
-
-// K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 // Stages of B the K-sliced kernel loads before its grid dependency wait where the kernel ahead is the call's own
 // quantization of A: the first two, the rest of the pipeline after the first stage has landed (the weight-only
-// order). Measured (bench_model 8B, H100, RESULTS.md tenth session): static 0.45 / 0.52 at M = 1 / 16 with two,
-// 0.46 / 0.52 with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
-// NVFP4_GEMM_SM90_WK_EARLY_B=n sets n for tests and A/B runs (read once per process: no environment read on the
-// launch path).
-int positive_env_or(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  const int n = env && *env ? std::atoi(env) : 0;
-  return n > 0 ? n : fallback;
-}
+// order). Measured (bench_model 8B, H100): static W4A4 0.45 / 0.52 of fp16 at M = 1 / 16 with two, 0.46 / 0.52
+// with one, 0.47 / 0.57 with the whole pipeline, whose requests queue ahead of A's.
+constexpr int kWkEarlyBStages = 2;
 
-int wk_early_b_stages() {
-  static const int n = positive_env_or("NVFP4_GEMM_SM90_WK_EARLY_B", 2);
-  return n;
-}
+// K-sliced kernel plan: 128-row blocks of B x K splits of kb stages of 256 K; M in launches of TOKENS rows.
 
 struct WkPlan {
   int row_blocks = 0, kblocks = 0, kb = 0, splits = 0;
@@ -533,7 +450,7 @@ WkPlan make_wk_plan(const Problem& p, int config, int sms) {
   // One wave of ctas_per_sm CTAs per SM where N allows: as many K splits as fit beside the row blocks.
   const int64_t splits_fit = std::max<int64_t>(1, static_cast<int64_t>(c.ctas_per_sm) * sms / pl.row_blocks);
   int64_t kb = ceil_div(pl.kblocks, splits_fit);
-  if (const int forced = forced_splits()) kb = ceil_div(pl.kblocks, forced);  // tests and benchmarks
+  if (p.forced_splits > 0) kb = ceil_div(pl.kblocks, p.forced_splits);  // tests
   const int64_t slot_bytes = int64_t{kWkRows} * c.tokens * 4;
   const int64_t counters = round_up(static_cast<int64_t>(pl.row_blocks) * 4, 256);
   const int64_t max_splits = std::max<int64_t>(1, (kMaxWorkspaceBytes - counters) / (pl.row_blocks * slot_bytes));
@@ -681,21 +598,17 @@ cudaError_t launch_quant_a_wk(const Problem& p, int64_t r0, int rows, int tokens
                             p.a_scale, p.a_scale_is_decode, packed, sf);
 }
 
-bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-            size_t err_len) {
+bool run_wk(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+            cudaStream_t stream, char* err, size_t err_len) {
   const KernelConfig& c = kConfigs[config];
-  const WkPlan pl = make_wk_plan(*p, config, num_sms_of_current_device());
+  const WkPlan pl = make_wk_plan(*p, config, sms_of(dev));
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   WkLaunch l{};
   WkParams& wp = l.params;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  wp.b_tiled = wk_tiled_experiment();
-  const bool ok = wp.b_tiled
-                      ? encode_tiled_b(&wp.tmap_b, p->b, p->n, p->k)
-                      : encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
-                                  static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
-                                  CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!ok) {
+  if (!encode_2d(&wp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
+                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), kWkK / 2, kWkRows,
+                 CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
     return false;
   }
@@ -711,7 +624,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   wp.kblocks = pl.kblocks;
   wp.kb_per_cta = pl.kb;
   wp.splits = pl.splits;
-  // A slot's counters (no reset launch): measured 1.9 us faster per call at (16, 4096, 14336) (docs/NOTES.md v5).
+  // A slot's counters (no reset launch): measured 1.9 us faster per call at (16, 4096, 14336) (docs/NOTES.md).
   wp.counter_slot = pl.partial_bytes ? split_counter_slot(pl.row_blocks, stream) : -1;
   wp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
   wp.out_dtype = p->out_dtype;
@@ -726,7 +639,7 @@ bool run_wk(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, 
   // Dynamic scales: the grid reduction's words are a slot of this stream's (split_counters.cuh: this
   // translation unit's copy, used only by quant_a_wk_dynamic_kernel), or workspace words zeroed ahead.
   const int dyn_slot = dynamic_a(*p) ? split_counter_slot(3, stream) : -1;
-  wp.b_early = quant ? wk_early_b_stages() : 0;
+  wp.b_early = quant ? kWkEarlyBStages : 0;
   const int64_t out_elem = p->out_dtype == OutDtype::kFloat32 ? 4 : 2;
   // Rows of A beyond TOKENS (a forced config at larger M) run as further launches of TOKENS rows each; TOKENS
   // divides 128, so a launch's rows never straddle two of A's 128-row scale blocks. (The quantization of the
@@ -823,17 +736,17 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     set_msg(why, why_len, "sm90: alpha2 needs alpha");
     return false;
   }
-  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) {
+  if (dynamic_a(*p) && kConfigs[config].family == Family::kSmallM) {
     if (why && why_len)
       std::snprintf(why, why_len, "%s does not form dynamic input scales itself (the K-sliced and wgmma configs do)",
                     kConfigs[config].name);
     return false;
   }
-  if (kConfigs[config].kind == Kind::kWarpK) {
+  if (kConfigs[config].family == Family::kWarpK) {
     // Float A quantized on the fly runs as NVFP4 A (run_wk quantizes it into the workspace first).
     const bool a4 = p->a_type == AType::kE2m1 || quantizes_a(*p);
     if (dynamic_a(*p)) {  // one launch whose quantization grid meets at a grid-wide barrier (run_wk)
-      const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
+      const int sms = sms_of(dev);
       const int tokens = kConfigs[config].tokens;
       if (p->m > tokens || quant_a_wk_blocks(tokens, p->k) > sms) {
         if (why && why_len)
@@ -872,7 +785,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     return true;
   }
-  if (kConfigs[config].kind == Kind::kSmallM) {
+  if (kConfigs[config].family == Family::kSmallM) {
     if (p->m > INT_MAX || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30)) {  // 32-bit row / K indices
       if (why && why_len)
         std::snprintf(why, why_len, "%s takes M <= 2^31 - 1 and N, K <= 2^30; got M=%lld N=%lld K=%lld",
@@ -880,8 +793,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                       static_cast<long long>(p->k));
       return false;
     }
-    const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-    const SmallMPlan pl = make_small_m_plan(*p, config, sms);
+    const SmallMPlan pl = make_small_m_plan(*p, config, sms_of(dev));
     const int64_t limit = std::min<int64_t>(kSmallMMaxSmem, dev ? dev->smem_optin : kSmallMMaxSmem);
     if (pl.smem > limit) {
       if (why && why_len)
@@ -939,64 +851,75 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
   return true;
 }
 
-// Both read the dispatch table (configs.h, kDispatch).
-bool prefers_generic(const Problem* p, const DeviceInfo*) { return dispatch_row(p->m).prefer_generic; }
-
-// configs.h, kDeepSmallM: the 16-token small-M config in place of the 8-token one where the latter would run
-// unsplit at fewer CTAs than its deeper sibling holds in one wave.
-bool prefers_deep_small_m(const Problem& p, int config, const DeviceInfo* dev) {
-  const int deep = config_index(kDeepSmallM);
-  if (kConfigs[config].kind != Kind::kSmallM || kConfigs[config].tokens != 8 || deep < 0) return false;
-  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  const SmallMPlan pl = make_small_m_plan(p, config, sms);
-  return pl.splits == 1 && pl.kb > kConfigs[config].stages &&
-         pl.row_blocks <= static_cast<int64_t>(kConfigs[deep].ctas_per_sm) * sms;
+// The A form of a problem, as the rules name it (configs.h Mode).
+unsigned mode_of(const Problem& p) {
+  if (dynamic_a(p)) return kModeDynamic;
+  if (quantizes_a(p)) return kModeStatic;
+  if (p.a_type == AType::kE2m1) return kModeW4a4;
+  return p.a_type == AType::kFloat32 ? kModeW4a16F32 : kModeW4a16;
 }
 
-// configs.h, kWkPick / kWkPick8: the K-sliced config that takes this problem, or -1.
-int wk_pick(const Problem& p, const DeviceInfo* dev) {
-  if (p.m < 1 || p.m > kWkMaxM) return -1;
-  const int wk = config_index(p.m <= 8 ? kWkPick8 : kWkPick);
-  return wk >= 0 && can_run(&p, wk, dev, nullptr, 0) ? wk : -1;
+// A rule's extra condition (configs.h When; generate.py WHEN).
+bool rule_holds(const Rule& r, const Problem& p, const DeviceInfo* dev) {
+  if (r.when == When::kAlways) return true;
+  // kUnsplitSmallM8: the 8-token small-M config would run unsplit with more K blocks per CTA than its depth, and
+  // the rule's config holds every row block in one wave.
+  const int small8 = config_index(Family::kSmallM, 8);
+  const int sms = sms_of(dev);
+  const SmallMPlan pl = make_small_m_plan(p, small8, sms);
+  return pl.splits == 1 && pl.kb > kConfigs[small8].stages &&
+         pl.row_blocks <= static_cast<int64_t>(kConfigs[r.config].ctas_per_sm) * sms;
 }
 
+// Whether a rule of the table applies to this problem (its config aside).
+bool rule_applies(const Rule& r, const Problem& p, unsigned mode) {
+  return r.kind == Kind::kDense && rule_covers(r, p.m) && (r.modes & mode) != 0;
+}
+
+// Automatic dispatch hands the problem to the generic path where a generic rule covers it.
+bool prefers_generic(const Problem* p, const DeviceInfo*) {
+  const unsigned mode = mode_of(*p);
+  for (const Rule& r : kRules)
+    if (r.config == kGenericConfig && rule_applies(r, *p, mode)) return true;
+  return false;
+}
+
+// The table's rules in order: the first that applies, whose condition holds and whose config can run the problem
+// gives the config; a refusal rule ends the walk. `why`: the last refusal of a rule not marked `prefer`.
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  const DispatchRow& row = dispatch_row(p->m);
-  const int config = config_index(row.config), fallback = config_index(row.fallback);
-  // Float A quantized on the fly (linear's W4A4) takes the K-sliced kernel wherever the packed form does, so
-  // linear(x) runs the kernel mm(quantize(x)) runs, on the same bits (run_wk).
-  if (const int wk = wk_pick(*p, dev); wk >= 0) return wk;
-  if (prefers_deep_small_m(*p, config, dev) && can_run(p, config_index(kDeepSmallM), dev, nullptr, 0))
-    return config_index(kDeepSmallM);
-  if (can_run(p, config, dev, why, why_len)) return config;
-  // Dynamic scales where the row's config is a small-M one: packed A at this M runs that config, so linear
-  // forms the scales first and runs it too (mm(quantize(x)) bit for bit) rather than the wgmma fallback.
-  if (dynamic_a(*p) && kConfigs[config].kind == Kind::kSmallM) return -1;
-  if (fallback >= 0 && can_run(p, fallback, dev, why, why_len)) return fallback;
+  const unsigned mode = mode_of(*p);
+  for (const Rule& r : kRules) {
+    if (!rule_applies(r, *p, mode) || r.config == kGenericConfig) continue;
+    if (r.config == kRefuseConfig) return -1;
+    if (!rule_holds(r, *p, dev)) continue;
+    if (can_run(p, r.config, dev, r.prefer ? nullptr : why, r.prefer ? 0 : why_len)) return r.config;
+  }
   return -1;
 }
 
 size_t workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
-  const int sms = dev && dev->num_sms > 0 ? dev->num_sms : num_sms_of_current_device();
-  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kSmallM) {
+  const int sms = sms_of(dev);
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].family == Family::kSmallM) {
     const SmallMPlan pl = make_small_m_plan(*p, config, sms);
     return static_cast<size_t>(pl.partial_bytes + pl.counter_bytes);
   }
-  if (config >= 0 && config < kNumConfigs && kConfigs[config].kind == Kind::kWarpK) {
+  if (config >= 0 && config < kNumConfigs && kConfigs[config].family == Family::kWarpK) {
     return static_cast<size_t>(make_wk_plan(*p, config, sms).bytes());
   }
   return static_cast<size_t>(make_plan(*p, config, sms).bytes());
 }
 
-bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cudaStream_t stream, char* err,
-         size_t err_len) {
+bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspace, size_t ws_bytes,
+         cudaStream_t stream, char* err, size_t err_len) {
   if (config < 0 || config >= kNumConfigs) {
     set_msg(err, err_len, "sm90: config index out of range");
     return false;
   }
-  if (kConfigs[config].kind == Kind::kSmallM) return run_small_m(p, config, workspace, ws_bytes, stream, err, err_len);
-  if (kConfigs[config].kind == Kind::kWarpK) return run_wk(p, config, workspace, ws_bytes, stream, err, err_len);
-  const int sms = num_sms_of_current_device();
+  if (kConfigs[config].family == Family::kSmallM)
+    return run_small_m(p, config, dev, workspace, ws_bytes, stream, err, err_len);
+  if (kConfigs[config].family == Family::kWarpK)
+    return run_wk(p, config, dev, workspace, ws_bytes, stream, err, err_len);
+  const int sms = sms_of(dev);
   const Plan pl = make_plan(*p, config, sms);
   if (!workspace_ok(pl.bytes(), workspace, ws_bytes, err, err_len)) return false;
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -1048,7 +971,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
   for (int64_t r0 = 0; r0 < p->m; r0 += pl.chunk_rows) {
     const int64_t rows = std::min(pl.chunk_rows, p->m - r0);
     gp.tiles = tiles_of(pl, rows);
-    const SplitInputs in = split_inputs(pl, gp.tiles, config, sms);
+    const SplitInputs in = split_inputs(*p, pl, gp.tiles, config, sms);
     const Split sp = plan_split(in, config, bf16);
     gp.grid = sp.grid;
     gp.cluster = sp.cluster;
@@ -1107,7 +1030,7 @@ bool run(const Problem* p, int32_t config, void* workspace, size_t ws_bytes, cud
     }
     gp.c = static_cast<uint8_t*>(p->c) + r0 * p->ldc * out_elem;
     // 16-byte stores of staged rows: every row of C starts 16-byte aligned.
-    gp.staged_c = staged_c_enabled() && reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
+    gp.staged_c = reinterpret_cast<uintptr_t>(gp.c) % 16 == 0 && (p->ldc * out_elem) % 16 == 0;
     gp.m = static_cast<int>(rows);
     if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)
@@ -1136,8 +1059,8 @@ __device__ __forceinline__ uint32_t decode_word_rt(uint32_t w, int r) {
 
 // A_dec, decoded exactly like B (value * 2^-14, see decode_word) in the permuted K order the B fragments
 // use: in each 64-K block, 16-byte vector v = 2s + h holds decode_word<s>(word h of scale group q) for
-// q = 0..3. One thread per vector, so a warp stores 512 contiguous bytes (v2, one thread per block
-// storing 128 bytes each, ran at 0.7 TB/s: 57 us at M = 2304, K = 7168). Threads 0.. also zero the
+// q = 0..3. One thread per vector, so a warp stores 512 contiguous bytes (one thread per block
+// storing 128 bytes each ran at 0.7 TB/s: 57 us at M = 2304, K = 7168). Threads 0.. also zero the
 // split arrival counters of the GEMM that follows on the stream.
 __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict__ a, int64_t lda,
                                                        const uint8_t* __restrict__ sfa, int row_begin, int rows,
@@ -1308,46 +1231,11 @@ __global__ void __launch_bounds__(256) quant_a_dynamic_kernel(
   }
 }
 
-const char* dispatch_rules() {
-  static const std::string text = [] {
-    std::string t;
-    int64_t lo = 1;
-    for (const DispatchRow& r : kDispatch) {
-      char line[512];
-      const char* config = kConfigs[config_index(r.config)].name;
-      const int fb = config_index(r.fallback);
-      if (r.m_max >= 1)
-        std::snprintf(line, sizeof(line), "M %lld..%lld: ", static_cast<long long>(lo),
-                      static_cast<long long>(r.m_max));
-      else
-        std::snprintf(line, sizeof(line), "M >= %lld: ", static_cast<long long>(lo));
-      t += line;
-      t += r.prefer_generic ? std::string("generic (decode + cuBLAS); ") + config + " when sm90 is forced" : config;
-      if (fb >= 0) t += std::string(" (") + kConfigs[fb].name + " where it cannot run)";
-      if (r.m_max >= 1 && r.m_max <= 8)  // configs.h, kWkPick8
-        t += std::string("; ") + kConfigs[config_index(kWkPick8)].name +
-             " for NVFP4, 16-bit and float a quantized on the fly (K % 256 == 0)";
-      if (r.m_max > 8 && lo <= kWkMaxM)  // configs.h, kWkPick
-        t += std::string("; ") + kConfigs[config_index(kWkPick)].name + " for NVFP4, 16-bit and float a quantized on the fly at M 9.." +
-             std::to_string(kWkMaxM) + " (K % 256 == 0)";
-      if (&r == &kDispatch[0])  // configs.h, kDeepSmallM
-        t += std::string("; ") + kConfigs[config_index(kDeepSmallM)].name + " where " + config +
-             " would run unsplit and it holds every row block in one wave";
-      t += "\n";
-      lo = r.m_max + 1;
-    }
-    return t;
-  }();
-  return text.c_str();
-}
-
-int set_forced_splits(int splits) {
-  return forced_splits_slot().exchange(splits >= 1 ? splits : 0, std::memory_order_relaxed);
-}
+const char* dispatch_rules() { return kRulesText; }
 
 const BackendApi& backend_api() {
   static const BackendApi api = {
-      kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, kConfigNames, &supports_sm, &select, &can_run,
+      kBackendAbiVersion, "sm90", "sm_90a", kNumConfigs, config_names(), &supports_sm, &select, &can_run,
       &workspace_bytes,   &run,    &prefers_generic, &dispatch_rules,
   };
   return api;

@@ -12,10 +12,6 @@
 
 namespace nvfp4_gemm::sm90 {
 
-#ifndef NVFP4_SM90_SPLIT_DECODE
-#define NVFP4_SM90_SPLIT_DECODE 1
-#endif
-
 // Bits of a where kMask has ones, of b elsewhere: one LOP3. On the device it is written out, since the compiler
 // otherwise narrows the masks to the bits each later shift keeps and builds the result per use, in two.
 template <uint32_t kMask>
@@ -37,15 +33,10 @@ __host__ __device__ __forceinline__ uint32_t select_bits(uint32_t a, uint32_t b)
 // sign lands in the odd nibble's place above it), and the odd nibbles' magnitudes from w >> 3 with w's own
 // bits around them (the signs stay put). Bits no shift and mask reads are left as they fall. With w << 3 and
 // w >> 3 formed once, a word takes 11 integer instructions (output 3 needs no shift) instead of 15.
-// NVFP4_SM90_SPLIT_DECODE=0 in NVFP4_GEMM_DEFINES builds the two-shift form, for an A/B build (same bits).
 template <int R>
 __host__ __device__ __forceinline__ uint32_t decode_word(uint32_t w) {
   static_assert(R >= 0 && R < 4, "four outputs per word");
-  if constexpr (NVFP4_SM90_SPLIT_DECODE == 0) {
-    const uint32_t mag = (R < 3 ? (w << (9 - 4 * R)) : (w >> 3)) & 0x0E000E00u;
-    const uint32_t sgn = (w << (12 - 4 * R)) & 0x80008000u;
-    return mag | sgn;
-  } else if constexpr (R % 2 == 0) {  // nibbles 0 / 4 (R = 0) and 2 / 6: magnitudes at bits 0..2 / 8..10
+  if constexpr (R % 2 == 0) {  // nibbles 0 / 4 (R = 0) and 2 / 6: magnitudes at bits 0..2 / 8..10
     return (select_bits<0x07070707u>(w, w << 3) << (9 - 4 * R)) & 0x8E008E00u;
   } else {  // nibbles 1 / 5 (R = 1) and 3 / 7: magnitudes moved to bits 1..3 / 9..11, signs at 7 / 15
     return (select_bits<0x0E0E0E0Eu>(w >> 3, w) << (12 - 4 * R)) & 0x8E008E00u;
@@ -59,11 +50,7 @@ __host__ __device__ __forceinline__ uint32_t decode_word(uint32_t w) {
 template <int R>
 __host__ __device__ __forceinline__ uint32_t decode_word_bf16(uint32_t w) {
   static_assert(R >= 0 && R < 4, "four outputs per word");
-  if constexpr (NVFP4_SM90_SPLIT_DECODE == 0) {
-    const uint32_t mag = (R < 2 ? (w << (6 - 4 * R)) : (w >> (4 * R - 6))) & 0x01C001C0u;
-    const uint32_t sgn = (w << (12 - 4 * R)) & 0x80008000u;
-    return mag | sgn;
-  } else if constexpr (R < 2) {  // magnitudes at bits 0..2 / 4..6, signs at 9 / 13
+  if constexpr (R < 2) {  // magnitudes at bits 0..2 / 4..6, signs at 9 / 13
     return (select_bits<0x00770077u>(w, w << 6) << (6 - 4 * R)) & 0x81C081C0u;
   } else {  // magnitudes moved to bits 2..4 / 6..8, signs at 11 / 15
     return (select_bits<0x01DC01DCu>(w >> 6, w) << (12 - 4 * R)) & 0x81C081C0u;

@@ -21,4 +21,6 @@ const GroupedBackendApi& grouped_api();
 // Tests and benchmarks: forces the split count of every following grouped launch in this process where the
 // kernel's buffers allow it (0: automatic, the default). Returns the previous value.
 int set_forced_grouped_splits(int splits);
+// Tests: split launches count on workspace counters zeroed ahead (true) instead of per-stream slots; the old value.
+bool set_workspace_counters_forced(bool on);
 }  // namespace nvfp4_gemm::sm90

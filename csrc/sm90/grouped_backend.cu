@@ -190,17 +190,18 @@ bool encode(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* b
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Tests (torch.ops.nvfp4_gemm._sm90_grouped_workspace_counters): every following split launch counts on
+// workspace counters zeroed ahead of it, the path a process takes once its per-stream slots run out.
+std::atomic<bool>& workspace_counters_forced() {
+  static std::atomic<bool> v{false};
+  return v;
+}
+
 // Split-counter slots per stream (split_counters.cuh: each config unit keeps its own counters, zero between
 // launches); -1 where none is free: the launch then counts on workspace counters zeroed ahead of it.
-// NVFP4_GEMM_SM90_COUNTER_SLOTS=0 (read once, as for the dense kernels) takes the workspace path always, for
-// tests of that path.
 int counter_slot(cudaStream_t stream) {
   static StreamSlots* slots = new StreamSlots(kSplitCounterSlots);  // never destroyed: launches may come at exit
-  static const bool off = [] {
-    const char* env = std::getenv("NVFP4_GEMM_SM90_COUNTER_SLOTS");
-    return env && env[0] == '0';
-  }();
-  if (off) return -1;
+  if (workspace_counters_forced().load(std::memory_order_relaxed)) return -1;
   int index = -1;
   if (slots->get(stream, &index) != cudaSuccess) {
     cudaGetLastError();
@@ -301,6 +302,7 @@ const char* dispatch_rules() {
 }  // namespace
 
 int set_forced_grouped_splits(int splits) { return forced_grouped_splits().exchange(splits); }
+bool set_workspace_counters_forced(bool on) { return workspace_counters_forced().exchange(on); }
 
 const GroupedBackendApi& grouped_api() {
   static const GroupedBackendApi api = {kGroupedAbiVersion, "sm90",     kNumGrouped, kGroupedNames, &select,

@@ -4,6 +4,7 @@
 //    select picks) on the current stream, workspace from torch's allocator; argument checks only as deep as a
 //    test needs (the public op is nvfp4_gemm.grouped_mm, whose binding validates everything);
 //  - _sm90_grouped_force_splits(n): the split count of every following grouped launch (0: automatic).
+//  - _sm90_grouped_workspace_counters(on): split launches count on workspace counters (the no-free-slot path).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -102,6 +103,8 @@ TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
                 "(0: automatic), got ", splits);
     return nvfp4_gemm::sm90::set_forced_grouped_splits(static_cast<int>(splits));
   });
+  m.def("_sm90_grouped_workspace_counters(bool on) -> bool",
+        [](bool on) -> bool { return nvfp4_gemm::sm90::set_workspace_counters_forced(on); });
 }
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) { m.impl("_sm90_grouped_test", &grouped_test); }

@@ -17,7 +17,7 @@
 //    unscaled ones would; the epilogue multiplies the power of two back out together with alpha.
 //    A power of two is folded into the scales (B: 2^7 into the e4m3 scale, exact since 448 * 2^7 <
 //    65504, a constant of BDecode; A: 2^14 in the prepass, so A_dec = e2m1 * e4m3 exactly) and most
-//    decoded values are normal fp16. Measured (v4): the same speed as the plain 2^-14 decode, where most
+//    decoded values are normal fp16. Measured: the same speed as the plain 2^-14 decode, where most
 //    values are subnormal.
 //  - Weight-only (E = kBf16 for bf16 activations, kHalf for fp16): A is the caller's values, unscaled; B
 //    decodes to e2m1 * e4m3 * 2^-7 in A's type (BDecode, fp4_decode.cuh; exact in both), the products are
@@ -57,10 +57,6 @@
 #include "sm90/per_device.h"
 #include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
-
-#ifndef NVFP4_SM90_KEEP_OFFSETS
-#define NVFP4_SM90_KEEP_OFFSETS 1
-#endif
 
 namespace nvfp4_gemm::sm90 {
 
@@ -295,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // Rounded up to 1024 bytes (the 128-byte swizzle's period) by adding to smem_raw, not through an integer
   // round trip, so the compiler still knows every access is to shared memory: LDS for the B fragments and
-  // scales instead of generic LD (v1..v7 compiled to generic loads; docs/SM90_NOTES.md, v9).
+  // scales instead of generic LD (an integer round trip compiled to generic loads; docs/SM90_NOTES.md).
   uint8_t* smem = smem_raw + ((1024u - (cute::cast_smem_ptr_to_uint(smem_raw) & 1023u)) & 1023u);
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + STAGES * kStage);
   uint64_t* empty_bar = full_bar + STAGES;
@@ -402,9 +398,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   for (int j = 0; j < kNB; ++j) {
     boff0[j] = brow0 + (((2 * j) ^ bx0) << 4);
     boff1[j] = brow1 + (((2 * j) ^ bx1) << 4);
-    // Opaque to the compiler, so kept in registers rather than rebuilt (NVFP4_SM90_KEEP_OFFSETS=0 in
-    // NVFP4_GEMM_DEFINES builds the old way, for an A/B build).
-    if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
+    // Opaque to the compiler, so kept in registers rather than rebuilt.
+    asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
   }
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   using Dec = BDecode<E>;
@@ -631,8 +626,8 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     // CTA c_first holds the tile's first units in its second slot (the tile ends its range) unless its range
     // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
-    // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (v3
-    // waited one L2 round trip per quad and contributor: ~20 us at 128 tokens). Every part is read back, this
+    // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (waiting
+    // one L2 round trip per quad and contributor: ~20 us at 128 tokens). Every part is read back, this
     // CTA's own included, which frees the accumulators' registers for the loads.
     constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
     auto partial = [&](int c, int x) {

@@ -1,7 +1,7 @@
 // Hopper NVFP4 GEMM for small M (a few tokens): a bandwidth-bound stream of packed B into mma.sync m16n8k16
 // (fp16 operands, fp32 accumulation). Torch-free.
 //
-// Two ways to move B (the RING template parameter, configs.h): RING = 0, a register buffer of DEPTH K blocks
+// Two ways to move B (the RING template parameter, csrc/sm90/generate.py): RING = 0, a register buffer of DEPTH K blocks
 // per lane (the description below); RING = R, a per-thread R-stage cp.async ring in shared memory: each
 // thread copies exactly the bytes it will consume (the same pieces as the register buffer, so the MMAs and the
 // summation order are the same), waits on its own copy groups and reads them back, so the ring needs no
@@ -12,7 +12,7 @@
 //
 // Why not the wgmma kernel: at M <= 32 the work is mostly reading B (N x K/2 bytes + scales) once; the
 // wgmma kernel moves B through TMA -> shared memory -> registers behind an mbarrier ring, and measured 4-13%
-// slower than this kernel there (configs.h kSmallMMaxM, docs/SM90_NOTES.md). Here every lane loads its B bytes straight from global memory
+// slower than this kernel there (the M <= 32 rules of csrc/sm90/generate.py, docs/SM90_NOTES.md). Here every lane loads its B bytes straight from global memory
 // with 16-byte non-allocating loads, issued for DEPTH K blocks ahead, and decodes them into the A
 // fragments of mma.sync; no producer warp, no barrier per stage, no prepass.
 //
@@ -98,8 +98,8 @@ inline constexpr int kRingPieces = 5;
 inline constexpr int kRingPieceStride = kSmallThreads * 16;
 inline constexpr int kRingStageBytes = kRingPieces * kRingPieceStride;  // 20 KB
 // Up to this many K splits of a row block are one thread-block cluster and reduce through distributed
-// shared memory; more go through the workspace as the register variant's do. Measured (H100, docs/NOTES.md,
-// v3): 4 splits in a cluster beat the workspace ((16, 6144, 4096): 14.4 vs 15.7 us), 8 lost to it ((16, 4096,
+// shared memory; more go through the workspace as the register variant's do. Measured (H100, docs/NOTES.md):
+// 4 splits in a cluster beat the workspace ((16, 6144, 4096): 14.4 vs 15.7 us), 8 lost to it ((16, 4096,
 // 4096): 17.5 vs 11.8 us; (16, 4096, 14336): 36.1 vs 24.0 us), 16 lost everywhere.
 inline constexpr int kMaxClusterSplits = 4;
 
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
   // and K past the end are zeros. One thread per 16-byte chunk of A (32 K, two scale groups): chunk c of a
   // block is the lane-tig = c % 4 half c / 4 of the permutation above. A batch's loads are all issued
   // before its first decode (one round trip per batch, not per chunk); the first batch goes out ahead of
-  // the B loads (measured no faster than behind them, docs/SM90_NOTES.md v10, but it costs nothing).
+  // the B loads (measured no faster than behind them, docs/SM90_NOTES.md, but it costs nothing).
   constexpr int kBatch = 4;
   // Staged A holds the live n-tiles only (tokens rounded up to 8; small_m_live_tokens on the host sizes it).
   // The ring variant stages exactly the launch's tokens (its shared memory buys ring stages and CTAs).

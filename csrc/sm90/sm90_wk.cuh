@@ -1,7 +1,7 @@
 // Hopper NVFP4 GEMM for decode-size M (NVFP4 x NVFP4, and the weight-only form: fp16 / bf16 activations x NVFP4
 // weights), with the K of each pipeline stage split across the CTA's warps. Torch-free.
 //
-// Why another small-M kernel (docs/NOTES.md, v4 and v5): the streaming kernel of sm90_small_m.cuh gives each
+// Why another small-M kernel (docs/NOTES.md): the streaming kernel of sm90_small_m.cuh gives each
 // warp whole K blocks of 16 weight rows, so at 16 tokens each warp waits on its own decode -> MMA chain with
 // the CTA's A staged for its whole K range (latency-bound: 0.36 instructions issued per scheduler and cycle).
 // Here a CTA owns 128 weight rows and walks K in 256-wide stages; warp (row group rg, K slice ks) takes 64
@@ -14,9 +14,9 @@
 // contiguous) and A: four TMA boxes of 16-bit activations (TOKENS rows x 64 K each, SWIZZLE_128B), or for
 // NVFP4 A one box of its packed bytes (TOKENS rows x 128 bytes, SWIZZLE_128B) and a 2 KB bulk copy of the
 // stage's four scale atoms of A's 128-row block; all complete on the stage's full barrier; the 8 consumer warps release a stage through its empty barrier. B's TMA map reads the
-// row-major [N, K/2] bytes (a 2-D map); a 3-D map over 128 x 128-byte tiles gives the same shared-memory image
-// (b_tiled: the layout experiment of benchmarks/diagnostics/wk_layout.py). Measured (docs/NOTES.md v5): with
-// TMA fetching the box, row-major weights run within 2% of the tiles, so no prepared weight layout is needed.
+// row-major [N, K/2] bytes (a 2-D map). Measured (docs/NOTES.md): a 3-D map over weights stored as 128 x
+// 128-byte tiles, which lands in shared memory the same, ran within 2% of the row-major weights, so no prepared
+// weight layout is needed.
 //
 // Fragments (mma.sync m16n8k16; B rows are the MMA's M side, tokens its N side): lane (g, tig) of warp
 // (rg, ks) owns scale group ks*4 + tig of the stage, i.e. bytes [32 ks + 8 tig, +8) of a row: 16 elements
@@ -41,7 +41,7 @@
 // at once, the memory system would hold the whole grid's pipelines (18 MB at (1, 4096, 14336)) in one queue and
 // every CTA's first stage would land only as that queue drained (5.0 us after entry on an H200, the consumers
 // idle until then). The producer asks for the first stage alone and the rest once it has landed: first stage at
-// 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md v6, from the
+// 2.1 us, (1, 4096, 14336) 16.8 -> 15.0 us a call, (1, 28672, 4096) 27.7 -> 25.6 (docs/NOTES.md, from the
 // kernel's own timeline: benchmarks/diagnostics/wk_trace.py).
 //
 // Programmatic dependent launch: before griddepcontrol.wait the producer only asks L2 to prefetch the first
@@ -72,10 +72,6 @@
 #include "sm90/per_device.h"
 #include "sm90/split_counters.cuh"
 #include "sm90/trace.cuh"
-
-#ifndef NVFP4_SM90_KEEP_OFFSETS
-#define NVFP4_SM90_KEEP_OFFSETS 1
-#endif
 
 namespace nvfp4_gemm::sm90 {
 
@@ -117,7 +113,6 @@ struct WkParams {
   int kblocks;          // K / 256
   int kb_per_cta;       // stages per split (the last split may have fewer)
   int splits;
-  bool b_tiled;         // experiments only: b holds 128 x 128-byte tiles (backend.cu, wk_tiled_experiment)
   int b_early;          // > 0 only where the grid this one depends on writes neither B nor its scales (this
                         // call's own quantization of A, backend.cu): the first b_early stages of B load before
                         // griddepcontrol.wait
@@ -219,15 +214,10 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     if (lane == 0) {
       cute::prefetch_tma_descriptor(&p.tmap_a);
       cute::prefetch_tma_descriptor(&p.tmap_b);
-      const int64_t tiles_per_rb = p.kblocks;
       auto load_b = [&](int kb, int s) {
         uint8_t* st = smem + s * kStage;
         Barrier::arrive_and_expect_tx(&full_bar[s], kStage);
-        if (p.b_tiled)
-          cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], 0, st, 0, 0,
-                                       static_cast<int>(rb * tiles_per_rb + kb));
-        else
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], 0, st, kb * (kWkK / 2), rb * kWkRows);
+        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], 0, st, kb * (kWkK / 2), rb * kWkRows);
         bulk_copy_g2s(st + kSfOff, p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb * 4) * kSfAtomBytes,
                       kWkSfBytes, &full_bar[s]);
       };
@@ -256,10 +246,8 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
         }
       } else {
         // The first stage alone, then the rest of the pipeline once it has landed (see "Filling the pipeline").
-        if (p.b_tiled)  // before the wait: L2 prefetches only (see "Programmatic dependent launch")
-          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&p.tmap_b, 0, 0, static_cast<int>(rb * tiles_per_rb + kb0));
-        else
-          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
+        // Before the wait: L2 prefetches only (see "Programmatic dependent launch").
+        cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&p.tmap_b, kb0 * (kWkK / 2), rb * kWkRows);
         prefetch_l2(p.sfb + (static_cast<int64_t>(rb) * p.sf_atoms + kb0 * 4) * kSfAtomBytes, kWkSfBytes);
         cudaGridDependencySynchronize();  // A is the kernel ahead's output, and B may be
         trace_at(wk_trace(p), cta, 1, global_ns());
@@ -306,7 +294,7 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   const int nt_live = min(NT, (p.m + 7) / 8);
   // The stage offsets of this lane's B rows' scale bytes, computed once and kept (an empty asm makes them opaque to
   // the compiler, which otherwise rebuilt these and b_off from the thread index in every stage: ~35 of a stage's
-  // ~440 instructions at 8 tokens). NVFP4_SM90_KEEP_OFFSETS=0 in NVFP4_GEMM_DEFINES builds the old way.
+  // ~440 instructions at 8 tokens).
   uint32_t sfo[4][2];
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt) {
@@ -314,11 +302,9 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
     sfo[mt][1] = sf_at(row_base + 16 * mt + 8);
   }
   uint32_t b_off_kept = b_off;
-  if constexpr (NVFP4_SM90_KEEP_OFFSETS != 0) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) asm volatile("" : "+r"(sfo[mt][0]), "+r"(sfo[mt][1]));
-    asm volatile("" : "+r"(b_off_kept));
-  }
+  for (int mt = 0; mt < 4; ++mt) asm volatile("" : "+r"(sfo[mt][0]), "+r"(sfo[mt][1]));
+  asm volatile("" : "+r"(b_off_kept));
 
   float acc[4][NT][4];
 #pragma unroll

@@ -23,7 +23,6 @@ struct SplitInputs {
   int64_t workspace_left = 0;     // what the workspace bound leaves once decoded A is placed
   int forced = 0;                 // a forced split count (tests and benchmarks); 0: automatic
   bool clusters = false;          // the config and the caller allow the cluster split
-  bool one_wave = true;           // one wave over more tiles than it holds is allowed (NVFP4_GEMM_SM90_ONE_WAVE=0: not)
 };
 
 // GemmParams' grid, cluster and cluster_groups (sm90_gemm.cuh).
@@ -93,7 +92,7 @@ inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
       best = g;
     }
   };
-  if (in.one_wave && in.tiles > in.sms && static_cast<int64_t>(in.sms) * slot_bytes <= max_partial) consider(in.sms);
+  if (in.tiles > in.sms && static_cast<int64_t>(in.sms) * slot_bytes <= max_partial) consider(in.sms);
   for (int64_t w = 1; w <= 8; ++w) {
     const int64_t g = std::min<int64_t>(w * in.sms, total);
     if (g <= in.tiles) continue;

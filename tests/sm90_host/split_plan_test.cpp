@@ -1,6 +1,6 @@
 // Host checks of the wgmma kernel's K-split planner (csrc/sm90/split_plan.h), run by tests/test_sm90_host.py.
 // No GPU: the device's numbers are an H100's (132 SMs; clusters of 1..8 CTAs held at once by this kernel, measured
-// with cudaOccupancyMaxActiveClusters, benchmarks/RESULTS.md eleventh session run 7) or made up for the sweep.
+// with cudaOccupancyMaxActiveClusters, benchmarks/RESULTS.md) or made up for the sweep.
 #include <cstdio>
 #include <cstdlib>
 
@@ -72,11 +72,7 @@ void h100_shapes() {
   expect_split(h100(inputs(224, 32, 128, 128)), 132, 1, 1, "gate_up, M = 128");
   expect_split(h100(inputs(224, 16, 64, 256)), 132, 1, 1, "gate_up, M = 64");
   expect_split(h100(inputs(448, 32, 256, 128)), 132, 1, 1, "gate_up, M = 512");
-  SplitInputs waves = inputs(224, 32, 128, 128);
-  waves.one_wave = false;  // NVFP4_GEMM_SM90_ONE_WAVE=0
-  EXPECT(h100(waves).grid >= 224 && h100(waves).cluster == 1, "one wave off: grid %d", h100(waves).grid);
-  // Without clusters allowed (NVFP4_GEMM_SM90_CLUSTER=0, or a config of two CTAs per SM), or with a forced split
-  // count, the balanced split.
+  // Without clusters allowed (a config of two CTAs per SM), or with a forced split count, the balanced split.
   SplitInputs off = inputs(32, 56, 128, 128);
   off.clusters = false;
   EXPECT(h100(off).cluster == 1 && h100(off).grid == 132, "clusters off: grid %d cluster %d", h100(off).grid,

@@ -16,8 +16,10 @@
 #include <set>
 #include <string>
 
+#include "bindings/cuda/mm_cuda.h"
 #include "bindings/grouped.h"
 #include "bindings/registry.h"
+#include "bindings/resolve.h"
 #include "cuda/grouped.h"
 #include "quant/quantize_grouped.h"
 
@@ -25,24 +27,8 @@ namespace nvfp4_gemm {
 namespace {
 
 constexpr size_t kErrLen = 512;
-constexpr int kMaxDevices = 256;
 constexpr const char* kOp = "nvfp4_gemm.grouped_mm";
 
-const DeviceInfo& device_info(int device) {
-  static std::mutex mutex;
-  static DeviceInfo cache[kMaxDevices];
-  static bool filled[kMaxDevices] = {};
-  TORCH_CHECK(device >= 0 && device < kMaxDevices, "nvfp4_gemm: device index ", device, " out of range [0, ",
-              kMaxDevices, ")");
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!filled[device]) {
-    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
-    cache[device] = DeviceInfo{prop->major * 10 + prop->minor, prop->multiProcessorCount,
-                               static_cast<int64_t>(prop->sharedMemPerBlockOptin)};
-    filled[device] = true;
-  }
-  return cache[device];
-}
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
@@ -72,9 +58,11 @@ std::string shape_text(const GroupedProblem& p) {
 
 Choice choose(const GroupedProblem& p, const DeviceInfo& dev) {
   char why[kErrLen] = {0};
-  const std::string forced_config = env_or_empty("NVFP4_GEMM_CONFIG");
-  const std::string forced = env_or_empty("NVFP4_GEMM_BACKEND");
-  // A forced dense config names no grouped kernel: the grouped call then follows NVFP4_GEMM_BACKEND / auto.
+  // The same forcing as mm and linear (resolve.h: nvfp4_gemm.testing.forced, else the environment). A forced
+  // dense config names no grouped kernel: the grouped call then follows the forced backend / auto.
+  const Forcing f = current_forcing();
+  const std::string& forced_config = f.config;
+  const std::string& forced = f.backend;
   if (!forced_config.empty()) {
     for (const GroupedBackendApi* api : grouped_backends()) {
       for (int32_t i = 0; i < api->num_configs; ++i) {
@@ -89,8 +77,14 @@ Choice choose(const GroupedProblem& p, const DeviceInfo& dev) {
   }
   if (forced == "generic") return Choice{};
   if (!forced.empty() && forced != "auto") {
-    TORCH_CHECK(forced == "sm90" || forced == "sm100", "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of auto, "
-                "generic, sm90, sm100 (cpu is chosen by putting the tensors on the CPU), got '", forced, "'");
+    bool known = false;
+    std::string valid = "auto, generic";
+    for (const auto& b : kArchBackends) {
+      known = known || forced == b.name;
+      valid += std::string(", ") + b.name;
+    }
+    TORCH_CHECK(known, "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of ", valid,
+                " (cpu is chosen by putting the tensors on the CPU), got '", forced, "'");
     const GroupedBackendApi* api = nullptr;
     for (const GroupedBackendApi* g : grouped_backends())
       if (forced == g->name) api = g;

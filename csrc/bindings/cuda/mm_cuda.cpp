@@ -1,6 +1,6 @@
 // CUDA implementation of nvfp4_gemm::mm and mm_out (and of _decode, the generic path's decode alone):
-// validate once, describe the problem to the backends, pick one (forced by NVFP4_GEMM_BACKEND /
-// NVFP4_GEMM_CONFIG, else the first arch module whose table takes the problem on this device, else the
+// validate once, describe the problem to the backends, pick one through the resolver (bindings/resolve.h: a
+// forced backend or config, else the first arch module whose table takes the problem on this device, else the
 // generic path), allocate its workspace through torch, launch on the current stream. No host sync on the
 // call path (the one-time self-check below is the exception, outside CUDA-graph capture only).
 #include <ATen/ATen.h>
@@ -23,16 +23,15 @@
 #include "bindings/checks.h"
 #include "bindings/cuda/mm_cuda.h"
 #include "bindings/registry.h"
+#include "bindings/resolve.h"
 #include "quant/input_scales.h"
 #include "cuda/generic.h"
 
 namespace nvfp4_gemm {
-namespace {
 
-constexpr size_t kErrLen = 512;
-constexpr int kMaxDevices = 256;
-
+// The one per-device cache of what dispatch needs (every op that launches a GEMM reads it; no per-call query).
 const DeviceInfo& device_info(int device) {
+  constexpr int kMaxDevices = 256;
   static std::mutex mutex;
   static DeviceInfo cache[kMaxDevices];
   static bool filled[kMaxDevices] = {};
@@ -42,38 +41,43 @@ const DeviceInfo& device_info(int device) {
   if (!filled[device]) {
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
     cache[device] = DeviceInfo{prop->major * 10 + prop->minor, prop->multiProcessorCount,
-                               static_cast<int64_t>(prop->sharedMemPerBlockOptin)};
+                               static_cast<int64_t>(prop->sharedMemPerBlockOptin), device};
     filled[device] = true;
   }
   return cache[device];
 }
+
+namespace {
+
+constexpr size_t kErrLen = 512;
+
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
 
-std::string arch_hint(const std::string& backend) {
-  if (backend == "sm90") return "NVFP4_GEMM_CUDA_ARCHS=9.0a";
-  if (backend == "sm100") return "NVFP4_GEMM_CUDA_ARCHS=10.0f";
-  return "NVFP4_GEMM_CUDA_ARCHS=<arch>";
-}
-
-struct Choice {
-  const BackendApi* api = nullptr;  // nullptr: the generic path
-  int32_t config = -1;
-};
+using Choice = nvfp4_gemm::Choice<BackendApi>;
 
 std::string choice_name(const Choice& c) {
   return c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic";
 }
 
-// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does.
-void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
+// Recording of choices for tests (torch.ops.nvfp4_gemm._record_choices, nvfp4_gemm.testing.recorded_choices).
+std::mutex g_record_mutex;
+bool g_recording = false;
+std::vector<std::string> g_recorded;
+
+// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does; a test
+// records them instead.
+void note_choice(const Choice& c, const Problem& p, bool weight_only) {
   static const bool enabled = !env_or_empty("NVFP4_GEMM_PRINT_CONFIGS").empty();
-  if (!enabled) return;
-  static std::mutex mutex;
-  static std::set<std::string> seen;
+  bool recording;
+  {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    recording = g_recording;
+  }
+  if (!enabled && !recording) return;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
   const std::string key = choice_name(c) +
                           (quantizes_a(p)  ? std::string(" quantizing a=") + kATypeNames[static_cast<int>(p.a_type)]
@@ -82,53 +86,31 @@ void maybe_print(const Choice& c, const Problem& p, bool weight_only) {
                           " m=" + std::to_string(p.m) +
                           " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
                           " out=" + std::to_string(static_cast<int>(p.out_dtype));
+  if (recording) {
+    std::lock_guard<std::mutex> lock(g_record_mutex);
+    g_recorded.push_back(key);
+  }
+  if (!enabled) return;
+  static std::mutex mutex;
+  static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mutex);
   if (seen.insert(key).second) std::fprintf(stderr, "[nvfp4_gemm] %s\n", key.c_str());
 }
 
-Choice choose(const Problem& p, const DeviceInfo& dev) {
-  char why[kErrLen] = {0};
-  // Read per call on purpose: tests and benchmarks switch them within one process. A getenv is ~50 ns.
-  const std::string forced_config = env_or_empty("NVFP4_GEMM_CONFIG");
-  if (!forced_config.empty()) {
-    for (const BackendApi* api : backends()) {
-      for (int32_t i = 0; i < api->num_configs; ++i) {
-        if (forced_config != api->config_names[i]) continue;
-        TORCH_CHECK(api->supports_sm(dev.sm), "nvfp4_gemm: NVFP4_GEMM_CONFIG=", forced_config, " belongs to backend ",
-                    api->name, " (", api->compiled_for, "), which cannot run on this SM ", dev.sm / 10, ".",
-                    dev.sm % 10, " device");
-        TORCH_CHECK(api->can_run(&p, i, &dev, why, kErrLen), "nvfp4_gemm: NVFP4_GEMM_CONFIG=", forced_config,
-                    " cannot run M=", p.m, " N=", p.n, " K=", p.k, ": ", why);
-        return Choice{api, i};
-      }
-    }
-    TORCH_CHECK(false, "nvfp4_gemm: NVFP4_GEMM_CONFIG=", forced_config,
-                " names no compiled kernel config; nvfp4_gemm.configs() lists them");
-  }
+std::string shape_of(const Problem& p) {
+  return "M=" + std::to_string(p.m) + " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k);
+}
 
-  const std::string forced = env_or_empty("NVFP4_GEMM_BACKEND");
-  if (forced == "generic") return Choice{};
-  if (!forced.empty() && forced != "auto") {
-    TORCH_CHECK(forced == "sm90" || forced == "sm100" || forced == "sm120", "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of auto, "
-                "generic, sm90, sm100 (cpu is chosen by putting the tensors on the CPU), got '", forced, "'");
-    const BackendApi* api = find_backend(forced);
-    TORCH_CHECK(api != nullptr, "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced,
-                " but that backend was not compiled into this build; rebuild with ", arch_hint(forced));
-    TORCH_CHECK(api->supports_sm(dev.sm), "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced, " (", api->compiled_for,
-                ") cannot run on this SM ", dev.sm / 10, ".", dev.sm % 10, " device");
-    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
-    TORCH_CHECK(cfg >= 0, "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced, " has no kernel for M=", p.m, " N=", p.n,
-                " K=", p.k, ": ", why);
-    return Choice{api, cfg};
-  }
-
-  for (const BackendApi* api : backends()) {
-    if (!api->supports_sm(dev.sm)) continue;
-    if (api->prefers_generic != nullptr && api->prefers_generic(&p, &dev)) continue;
-    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
-    if (cfg >= 0) return Choice{api, cfg};
-  }
-  return Choice{};
+// The backend and config for `p` under the forcing in effect (resolve.h), which also sets the problem's forced
+// split count. `optional`: a fused form the caller can replace with its unfused one (a choice that cannot take it
+// declines instead of failing).
+Choice choose(Problem& p, const DeviceInfo& dev, bool optional) {
+  const Forcing f = current_forcing();
+  p.forced_splits = f.splits;
+  Choice c;
+  const std::string err = resolve(p, dev, backends(), f, optional, [&p] { return shape_of(p); }, &c);
+  TORCH_CHECK(err.empty(), "nvfp4_gemm: ", err);
+  return c;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -181,7 +163,7 @@ void run_arch(const Choice& choice, const MmShape& s, const Problem& p, const at
   at::Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({static_cast<int64_t>(ws_bytes)}, a.options().dtype(at::kByte));
   char err[kErrLen] = {0};
-  const bool ok = choice.api->run(&p, choice.config, ws_bytes ? workspace.data_ptr() : nullptr, ws_bytes,
+  const bool ok = choice.api->run(&p, choice.config, &dev, ws_bytes ? workspace.data_ptr() : nullptr, ws_bytes,
                                   at::cuda::getCurrentCUDAStream(), err, kErrLen);
   TORCH_CHECK(ok, "nvfp4_gemm.mm (", choice.api->name, " config ", choice.api->config_names[choice.config],
               ", M=", s.m, " N=", s.n, " K=", s.k, "): ", err);
@@ -202,6 +184,7 @@ bool selfcheck_applies(const BackendApi* api) {
   static const std::string mode = env_or_empty("NVFP4_GEMM_SELFCHECK");
   if (mode == "0") return false;
   if (mode == "1") return true;
+  // Compile- and host-verified archs with no GPU of theirs here: each config checks itself once on first use.
   return std::string(api->name) == "sm100" || std::string(api->name) == "sm120";
 }
 
@@ -311,7 +294,7 @@ void mm_into(const MmShape& s, const at::Tensor& a, const at::Tensor& b, const s
   TORCH_CHECK(dev.sm >= 80, "nvfp4_gemm.mm: no usable kernel for this GPU (SM ", dev.sm / 10, ".", dev.sm % 10,
               "): the CUDA backends need SM >= 8.0; move the tensors to the CPU to use the CPU backend");
 
-  const Problem p{static_cast<const uint8_t*>(a.data_ptr()),
+  Problem p{static_cast<const uint8_t*>(a.data_ptr()),
                   static_cast<const uint8_t*>(b.data_ptr()),
                   s.weight_only ? nullptr : static_cast<const uint8_t*>(sfa->data_ptr()),
                   static_cast<const uint8_t*>(sfb.data_ptr()),
@@ -328,9 +311,9 @@ void mm_into(const MmShape& s, const at::Tensor& a, const at::Tensor& b, const s
                                                          : AType::kFloat32};
   // Each arch module's can_run says which A types it takes (sm90: e2m1, fp16, bf16; sm100: e2m1); a
   // problem no module takes runs on the generic path, which takes every form.
-  Choice choice = choose(p, dev);
+  Choice choice = choose(p, dev, /*optional=*/false);
   if (!verified(choice, p.out_dtype, s.out_dtype, device_index, dev, a.device())) choice = Choice{};
-  maybe_print(choice, p, s.weight_only);
+  note_choice(choice, p, s.weight_only);
   if (choice.api == nullptr) {
     run_generic(s, p, a, c, dev.sm);
   } else {
@@ -388,29 +371,6 @@ at::Tensor decode_op_cuda(const at::Tensor& packed, const at::Tensor& sf, at::Sc
   return out;
 }
 
-// The arch config for a quantize-on-the-fly problem, by the rules `choose` applies to the packed problem
-// (forced backend / config first, then the first arch table that takes it), so that the fused call and
-// quantize + mm run the same config. No choice (the generic path would run): {}.
-Choice choose_fused(const Problem& p, const DeviceInfo& dev) {
-  char why[kErrLen] = {0};
-  const std::string forced_config = env_or_empty("NVFP4_GEMM_CONFIG");
-  const std::string forced = env_or_empty("NVFP4_GEMM_BACKEND");
-  const bool automatic = forced.empty() || forced == "auto";
-  for (const BackendApi* api : backends()) {
-    if (!api->supports_sm(dev.sm) || (!automatic && forced != api->name)) continue;
-    if (!forced_config.empty()) {
-      for (int32_t i = 0; i < api->num_configs; ++i)
-        if (forced_config == api->config_names[i] && api->can_run(&p, i, &dev, why, kErrLen)) return Choice{api, i};
-      continue;
-    }
-    if (automatic && api->prefers_generic != nullptr && api->prefers_generic(&p, &dev)) continue;
-    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
-    if (cfg >= 0) return Choice{api, cfg};
-    if (!automatic) break;
-  }
-  return Choice{};
-}
-
 }  // namespace
 
 namespace {
@@ -450,10 +410,11 @@ std::optional<at::Tensor> run_quantizing(const at::Tensor& x, const at::Tensor& 
             : x.scalar_type() == at::kBFloat16 ? AType::kBFloat16
                                                : AType::kFloat32};
   set_scales(p);
-  const Choice choice = choose_fused(p, dev);
+  // Resolved as mm resolves the packed problem, so that the fused call and quantize + mm run the same config.
+  const Choice choice = choose(p, dev, /*optional=*/true);
   if (choice.api == nullptr || !verified(choice, p.out_dtype, s.out_dtype, device_index, dev, x.device()))
     return std::nullopt;
-  maybe_print(choice, p, /*weight_only=*/false);
+  note_choice(choice, p, /*weight_only=*/false);
   run_arch(choice, s, p, x, dev);
   return c;
 }
@@ -485,6 +446,19 @@ std::optional<at::Tensor> mm_dynamic_a_cuda(const at::Tensor& x, const at::Tenso
 }
 
 }  // namespace nvfp4_gemm
+
+// torch.ops.nvfp4_gemm._record_choices(on): returns the choices recorded since the last call (one line each, as
+// NVFP4_GEMM_PRINT_CONFIGS prints them: "<backend>:<config> m=.. n=.. k=.. out=..", "generic ..."), clears them and
+// turns recording on or off. For tests (nvfp4_gemm.testing.recorded_choices), in one process.
+TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
+  m.def("_record_choices(bool on) -> str[]", [](bool on) {
+    std::lock_guard<std::mutex> lock(nvfp4_gemm::g_record_mutex);
+    std::vector<std::string> out;
+    out.swap(nvfp4_gemm::g_recorded);
+    nvfp4_gemm::g_recording = on;
+    return out;
+  });
+}
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("mm", &nvfp4_gemm::mm_cuda);

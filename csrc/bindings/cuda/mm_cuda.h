@@ -5,7 +5,12 @@
 
 #include <optional>
 
+#include "common/problem.h"
+
 namespace nvfp4_gemm {
+
+// SM version, SM count, shared memory and index of CUDA device `device`, queried once per process.
+const DeviceInfo& device_info(int device);
 
 // quantize(x, encode) followed by mm(..., alpha * alpha2) in one GEMM call, where an arch kernel quantizes
 // x on the fly (Problem::a_scale): x [M, K] fp16 / bf16 / fp32 with 16-byte rows, b / sfb the NVFP4 weight,
