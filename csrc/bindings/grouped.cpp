@@ -11,6 +11,7 @@
 
 #include "bindings/checks.h"
 #include "bindings/registry.h"
+#include "bindings/resolve.h"
 
 namespace nvfp4_gemm {
 namespace {
@@ -207,7 +208,8 @@ std::vector<std::string> register_grouped_backends() {
   std::lock_guard<std::mutex> lock(g_grouped_mutex);
   std::vector<const GroupedBackendApi*> found;
   std::vector<std::string> names;
-  for (const char* name : kArchBackendNames) {
+  for (const auto& backend : kArchBackends) {
+    const char* name = backend.name;
     const std::string op = std::string("nvfp4_gemm::_grouped_api_") + name;
     auto handle = c10::Dispatcher::singleton().findSchema({op, ""});
     if (!handle.has_value()) continue;
