@@ -124,7 +124,7 @@ def test_gpu_unreadable_views():
 def test_forcing_an_unknown_backend_is_an_error(monkeypatch):
     inputs = make_inputs(Case(8, 16, 64), "cuda")
     monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm75")
-    expect_error(r"NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100 .*got 'sm75'", inputs)
+    expect_error(r"NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100, sm120 .*got 'sm75'", inputs)
     monkeypatch.setenv("NVFP4_GEMM_BACKEND", "auto")
     monkeypatch.setenv("NVFP4_GEMM_CONFIG", "no_such_config")
     expect_error(r"NVFP4_GEMM_CONFIG=no_such_config names no compiled kernel config", inputs)

@@ -550,8 +550,9 @@ def test_cuda_graph_quantize_and_gemm_with_new_routing(gbackend):
     """The whole W4A4 step (quantize_grouped dynamic, grouped_mm) captured once, replayed with new tokens and new
     routing: each replay equals the eager call on the same inputs, bit for bit."""
     name, device = _cuda_backend(gbackend)
-    t, k, g = 80, 128, 6
-    inputs = make_grouped_inputs(runnable(name, GroupedCase(t, 64, k, g)), device, seed=25)
+    case = runnable(name, GroupedCase(80, 64, 128, 6))
+    t, k, g = case.t, case.k, case.g
+    inputs = make_grouped_inputs(case, device, seed=25)
     ws2 = torch.full((g,), 0.25, device=device)
     x = _x(t, k, torch.bfloat16, 26).to(device)
     offs = inputs["offs"].clone()
@@ -611,7 +612,7 @@ def test_strided_b_groups(gbackend):
     name, device = _cuda_backend(gbackend)
     case = runnable(name, GroupedCase(50, 32, 64, 3, alpha=True))
     inputs = make_grouped_inputs(case, device, seed=32)
-    big = torch.zeros((3, 64, 32), dtype=torch.uint8, device=device)
+    big = torch.zeros((3, 64, case.k // 2), dtype=torch.uint8, device=device)
     big[:, :32] = inputs["b"]
     args, kwargs = op_args({**inputs, "b": big[:, :32]})
     grouped_reference(inputs).check(nvfp4_gemm.grouped_mm(*args, **kwargs), "strided b")

@@ -120,7 +120,7 @@ int main() {
     EXPECT(has(r.err, "NVFP4_GEMM_CONFIG=cfg100 belongs to backend sm100 (sm_100f), which cannot run on this SM 9.0"),
            "%s", r.err.c_str());
     r = run(8, backend("sm75"), optional);
-    EXPECT(has(r.err, "NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100 (cpu is chosen by putting the "
+    EXPECT(has(r.err, "NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100, sm120 (cpu is chosen by putting the "
                       "tensors on the CPU), got 'sm75'"), "%s", r.err.c_str());
     r = run(8, backend("sm100"), optional);
     EXPECT(has(r.err, "NVFP4_GEMM_BACKEND=sm100 (sm_100f) cannot run on this SM 9.0 device"), "%s", r.err.c_str());
