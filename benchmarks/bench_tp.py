@@ -15,7 +15,7 @@ Parts (rank 0 prints; --json PATH gets every record, rewritten after each one so
           seconds), so a hang ends the run at its place, after the steps before it were recorded.
   check   TP=2 against TP=1 on the same random weights: a Llama with Llama-3-8B's shapes (--layers-8b decoder
           layers; weight-only and dynamic W4A4 NVFP4, quantize_model), logits compared and every NVFP4 layer of
-          the first decoder layer checked against SPEC.md's bound of its whole weights on the input it saw; a
+          the first decoder layer checked against docs/CONTRACT.md's bound of its whole weights on the input it saw; a
           Qwen3-MoE-shaped model (Qwen3-30B-A3B's widths, 128 experts, top 8; --layers-moe layers): attention
           NVFP4 tensor parallel, experts expert-parallel (nvfp4_gemm.parallel.ExpertParallel).
   decode  The decode step (batch 1, context --context, compiled with inductor, one CUDA graph per rank captured

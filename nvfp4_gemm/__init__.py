@@ -3,7 +3,7 @@
     C = nvfp4_gemm.mm(a, b, sfa, sfb, alpha=None, out_dtype=torch.float16)
 
 computes alpha * (A * sfa) @ (B * sfb)^T; with float activations a and sfa=None, alpha * A @ (B * sfb)^T
-(weight-only). See README.md and SPEC.md for formats and rules.
+(weight-only). See README.md and docs/CONTRACT.md for formats and rules.
 """
 from __future__ import annotations
 

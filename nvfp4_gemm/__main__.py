@@ -2,12 +2,12 @@
 
 For each default shape (the three GPU MODE benchmark shapes, decode and prefill shapes) it runs mm on the
 CUDA device if there is one (else the CPU), checks the result against the float64 reference with
-SPEC.md's bound, and prints time, TFLOP/s, GB/s (bytes mm must move: packed A and B, scales, C) and the
+docs/CONTRACT.md's bound, and prints time, TFLOP/s, GB/s (bytes mm must move: packed A and B, scales, C) and the
 worst error as a fraction of the bound (<= 1 passes). Exit status 1 if any shape fails.
 
 `python -m nvfp4_gemm --selftest` instead runs every dispatch entry of this machine (each kernel config of
 the backends that can run on the local GPU, forced by name, the generic CUDA path and the CPU backend) on
-shapes it accepts, checks each against the reference with SPEC.md's bound and prints a report to paste into
+shapes it accepts, checks each against the reference with docs/CONTRACT.md's bound and prints a report to paste into
 a bug report (versions, device, build, PASS/FAIL per entry). The first thing to run on new hardware.
 Exit status 1 if any entry fails.
 

@@ -1,4 +1,4 @@
-"""The NVFP4 formats of SPEC.md in plain PyTorch: e2m1 codes, e4m3 scales, the 128x4 blocked layout.
+"""The NVFP4 formats of docs/CONTRACT.md in plain PyTorch: e2m1 codes, e4m3 scales, the 128x4 blocked layout.
 
 Everything here runs on any device and is the definition the kernels are tested against.
 """
@@ -27,7 +27,7 @@ def blocked_shape(rows: int, k: int) -> tuple[int, int]:
 
 
 def blocked_offset(r: int, s: int, sf_cols: int) -> int:
-    """Byte offset of logical scale (r, s) in the blocked layout (SPEC.md's formula)."""
+    """Byte offset of logical scale (r, s) in the blocked layout (docs/CONTRACT.md's formula)."""
     return ((r // 128) * ceil_div(sf_cols, 4) + s // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + s % 4
 
 

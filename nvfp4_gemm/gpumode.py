@@ -1,4 +1,4 @@
-"""Adapter for the GPU MODE nvfp4_gemm problem's input tuple (SPEC.md, last section).
+"""Adapter for the GPU MODE nvfp4_gemm problem's input tuple (docs/CONTRACT.md, last section).
 
     from nvfp4_gemm.gpumode import custom_kernel
     c = custom_kernel((a, b, sfa, sfb, sfa_permuted, sfb_permuted, c))

@@ -1,4 +1,4 @@
-"""The grouped (mixture-of-experts) NVFP4 GEMM and the helpers that feed it (SPEC.md "Grouped GEMM").
+"""The grouped (mixture-of-experts) NVFP4 GEMM and the helpers that feed it (docs/CONTRACT.md "Grouped GEMM").
 
     out = nvfp4_gemm.grouped_mm(a, b, sfa, sfb, offs, alpha=alpha)       # == torch.ops.nvfp4_gemm.grouped_mm
     packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x, offs, input_scale)

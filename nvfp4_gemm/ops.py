@@ -34,7 +34,7 @@ def mm(
               sfa=None. The values are used as they are (no quantization).
         b: [N, K/2] packed e2m1 (the weight, "TN" layout: C = A @ B^T).
         sfa, sfb: e4m3 scales (torch.float8_e4m3fn or torch.uint8), one per 16 K elements, in the 128x4
-            blocked layout of SPEC.md, as a flat 1-D tensor (`to_blocked`), a 2-D [round_up(R,128),
+            blocked layout of docs/CONTRACT.md, as a flat 1-D tensor (`to_blocked`), a 2-D [round_up(R,128),
             round_up(K/16,4)] tensor, or the 6-D permuted view (`permuted_view`). Nothing else is accepted.
             sfa is None exactly when a is float (weight-only).
         alpha: None (1) or a one-element float32 tensor on the inputs' device (read on the device, so CUDA

@@ -11,7 +11,7 @@ torch.distributed.tensor.parallel and applied with its `parallelize_module` (fnm
 transformers does). NVFP4Linear layers and plain float nn.Linear layers the plan names (an fp16 lm_head) are
 sharded; every other module (embeddings, norms, routers) stays replicated.
 
-Sharding (SPEC.md's formats, exact: the shards hold the checkpoint's own bytes):
+Sharding (docs/CONTRACT.md's formats, exact: the shards hold the checkpoint's own bytes):
   * colwise (split N): rows r0:r1 of the packed weight [N, K/2] and of the logical [N, K/16] scales, the
     scales laid out again in the 128x4 blocked layout for N/world rows (for whole 128-row blocks that is
     the same bytes as a slice of whole atoms); the bias rows r0:r1. N/world must be a multiple of 8 (the
@@ -21,7 +21,7 @@ Sharding (SPEC.md's formats, exact: the shards hold the checkpoint's own bytes):
     64 are whole 4-column scale atoms). The forward runs the rank's partial GEMM into FLOAT32 (alpha
     applied), all-reduces the fp32 partial sums, adds the bias (replicated, added once after the reduce)
     in fp32 and rounds once to x's dtype: the GEMM's own contract with one more fp32 addition per rank,
-    inside SPEC.md's bound (see `RowwiseNVFP4Linear`). Cost: the all-reduce moves 4 bytes per output
+    inside docs/CONTRACT.md's bound (see `RowwiseNVFP4Linear`). Cost: the all-reduce moves 4 bytes per output
     element instead of 2 (at decode sizes the collective is latency-bound, so this is noise).
   * per-tensor scales (weight_scale_2, input_scale) are replicated. Dynamic W4A4 needs the amax of the
     WHOLE input; a rowwise rank sees K/world of it, so it all-reduces (MAX) its local finite amax first:
@@ -76,7 +76,7 @@ STYLE_NAMES = {
     "rowwise_rep": "rowwise_split_input",
     "rowwise_split_input": "rowwise_split_input",
 }
-# The kernels' rules (SPEC.md): N a multiple of 8 (16-byte fp16 output rows), K a multiple of 32.
+# The kernels' rules (docs/CONTRACT.md): N a multiple of 8 (16-byte fp16 output rows), K a multiple of 32.
 _N_MULTIPLE = 8
 _K_MULTIPLE = 32
 _SF_VEC = 16
@@ -357,7 +357,7 @@ class RowwiseNVFP4Linear(NVFP4Linear):
     are exactly the one-process GEMM's products of its K range, and the result differs from the one
     process's only in how fp32 sums are grouped (plus one fp32 rounding of alpha * acc_r per rank): per
     element |error| <= (K/world + world) * 2^-24 * |alpha| * sum_k |a_k b_k| on top of the final rounding,
-    which is far inside SPEC.md's 2^-16 * sum_k |a_k b_k| * |alpha| term. Summing in the output dtype
+    which is far inside docs/CONTRACT.md's 2^-16 * sum_k |a_k b_k| * |alpha| term. Summing in the output dtype
     instead (a half-precision all-reduce of rounded partials) would round world + 1 times, which can leave
     the bound where partials cancel. No autograd (inference)."""
 

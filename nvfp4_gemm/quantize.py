@@ -18,7 +18,7 @@ and a value decodes as e2m1(code) * float(s8) / gs. Conventions:
   -0.0 and tiny negatives give code 8). torchao instead clamps the block scale up to 2^-6; see
   docs/QUANTIZE.md for that difference.
   * NaN in a block makes its scale NaN (0x7F), the NaN elements' codes +-6 and the rest of the block +-0:
-  mm then gives NaN exactly in the outputs that use that block (SPEC.md). +-inf saturates: scale 448, the inf element +-6, so it decodes
+  mm then gives NaN exactly in the outputs that use that block (docs/CONTRACT.md). +-inf saturates: scale 448, the inf element +-6, so it decodes
   to +-2688 / gs and the rest of its block to (almost always) +-0. No input crashes.
   * global_scale may be a Python float or a one-element float32 tensor on x's device (read there: no host
   sync, CUDA-graph safe). It must be positive and finite: a Python float or a CPU tensor that is not is
@@ -44,7 +44,7 @@ _MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, Fa
 def quantize(x: torch.Tensor, global_scale: torch.Tensor | float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] (float32 / float16 / bfloat16, K a multiple of 16) -> (packed, sf_blocked).
 
-    packed: [R, K/2] torch.uint8, element 2i in the low nibble of byte i (SPEC.md).
+    packed: [R, K/2] torch.uint8, element 2i in the low nibble of byte i (docs/CONTRACT.md).
     sf_blocked: flat torch.float8_e4m3fn of round_up(R,128) * round_up(K/16,4) scales in the 128x4
     blocked layout, padding zero: ready for `mm` as sfa / sfb.
     global_scale: the per-tensor ENCODE scale (None: 1); see the module docstring for the recipe and the

@@ -26,7 +26,7 @@ def reference_mm(
 
     The float64 sum is exact to well below any output dtype's rounding (K * 2688^2 < 2^53 * 2^-30 is far
     from mattering); the result is rounded to `out_dtype` via float32 (PyTorch's conversion), which can
-    differ from a single rounding only in rare ties, far inside SPEC.md's bound. Returned on a's device.
+    differ from a single rounding only in rare ties, far inside docs/CONTRACT.md's bound. Returned on a's device.
     """
     k = b.shape[1] * 2
     if out_dtype is None:

@@ -1,4 +1,4 @@
-"""One generator of inputs and one checker (SPEC.md "Checking numbers"), shared by the tests, the main
+"""One generator of inputs and one checker (docs/CONTRACT.md "Checking numbers"), shared by the tests, the main
 job (`python -m nvfp4_gemm`) and the benchmarks."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _random_scales(rows: int, cols: int, kind: str, g: torch.Generator) -> torch
 
 
 def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -> dict:
-    """Random operands per SPEC.md: uniform bytes (all 16 e2m1 codes), scales per `case.scales`."""
+    """Random operands per docs/CONTRACT.md: uniform bytes (all 16 e2m1 codes), scales per `case.scales`."""
     g = torch.Generator().manual_seed(seed)
     m, n, k = case.m, case.n, case.k
     a = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=g)
@@ -86,7 +86,7 @@ def make_inputs(case: Case, device: str | torch.device = "cpu", seed: int = 0) -
 
 
 class Reference:
-    """SPEC.md's reference for one set of inputs, computed once (float64 decode and sum on `device`, default
+    """docs/CONTRACT.md's reference for one set of inputs, computed once (float64 decode and sum on `device`, default
     the inputs' device) so that many outputs (configs, devices, repeated calls) are checked against it.
     sfa None is the weight-only form: a holds float activations [M, K], taken exactly."""
 
@@ -154,7 +154,7 @@ class Reference:
 
 
 def error_ratio(out: torch.Tensor, inputs: dict) -> tuple[float, str]:
-    """Worst |out - ref| / bound over the elements (<= 1 passes SPEC.md) and a description of the worst
+    """Worst |out - ref| / bound over the elements (<= 1 passes docs/CONTRACT.md) and a description of the worst
     violation ('' if none); see Reference.ratio. Computed in float64 on the inputs' device."""
     assert out.device == inputs["a"].device, f"device {out.device} != {inputs['a'].device}"
     return Reference(inputs).ratio(out)
@@ -162,7 +162,7 @@ def error_ratio(out: torch.Tensor, inputs: dict) -> tuple[float, str]:
 
 def check_against_reference(out: torch.Tensor, inputs: dict, context: str = "") -> None:
     """Raises AssertionError naming the worst element (after `context`: say which case and seed, so that
-    the failure can be replayed) if `out` violates SPEC.md's bound."""
+    the failure can be replayed) if `out` violates docs/CONTRACT.md's bound."""
     assert out.device == inputs["a"].device, f"device {out.device} != {inputs['a'].device}"
     Reference(inputs).check(out, context)
 
@@ -414,7 +414,7 @@ class forced_entry:
 
 def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -> list[EntryResult]:
     """Runs each entry (default: dispatch_entries(device)) on each case (default PROBE_CASES, or
-    CPU_PROBE_CASES on the CPU) and checks it against the reference with SPEC.md's bound. Each case's
+    CPU_PROBE_CASES on the CPU) and checks it against the reference with docs/CONTRACT.md's bound. Each case's
     inputs and reference are made once (seed case_seed(case)); each call is followed by a synchronize
     so that an asynchronous launch error is charged to the entry that caused it."""
     from .ops import mm

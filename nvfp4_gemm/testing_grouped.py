@@ -1,6 +1,6 @@
 """The grouped GEMM's test inputs and checker, shared by tests/test_grouped.py, the sanitizer cases and
-benchmarks/bench_moe.py: random data per SPEC.md (testing.py's generators), routings from the MoE corner cases,
-and SPEC.md's bound per element against the float64 reference, group by group."""
+benchmarks/bench_moe.py: random data per docs/CONTRACT.md (testing.py's generators), routings from the MoE corner cases,
+and docs/CONTRACT.md's bound per element against the float64 reference, group by group."""
 from __future__ import annotations
 
 import dataclasses
@@ -65,12 +65,12 @@ def routing_counts(t: int, g: int, routing: str, gen: torch.Generator) -> list[i
 
 
 def stack_blocked(sf_per_group: list[torch.Tensor]) -> torch.Tensor:
-    """Each group's linear scales blocked on its own (SPEC.md's definition), concatenated."""
+    """Each group's linear scales blocked on its own (docs/CONTRACT.md's definition), concatenated."""
     return torch.cat([to_blocked(s).view(torch.uint8) for s in sf_per_group]) if sf_per_group else torch.zeros(0, dtype=torch.uint8)
 
 
 def grouped_blocked_reference(sf: torch.Tensor, counts: list[int], rows: int) -> torch.Tensor:
-    """The grouped blocked layout built straight from SPEC.md (to_blocked of each non-empty group's rows, in
+    """The grouped blocked layout built straight from docs/CONTRACT.md (to_blocked of each non-empty group's rows, in
     order, zero padded to `rows` padded rows): independent of nvfp4_gemm.to_blocked_grouped. uint8, flat."""
     k16 = sf.shape[1]
     sp = round_up(k16, 4)
@@ -86,8 +86,8 @@ def grouped_blocked_reference(sf: torch.Tensor, counts: list[int], rows: int) ->
 
 
 def make_grouped_inputs(case: GroupedCase, device: str | torch.device = "cpu", seed: int = 0) -> dict:
-    """Random grouped operands per SPEC.md: uniform bytes (all 16 e2m1 codes), scales per `case.scales` for A
-    (typical for B), routing per `case.routing`; sfa built from SPEC.md's definition (grouped_blocked_reference)."""
+    """Random grouped operands per docs/CONTRACT.md: uniform bytes (all 16 e2m1 codes), scales per `case.scales` for A
+    (typical for B), routing per `case.routing`; sfa built from docs/CONTRACT.md's definition (grouped_blocked_reference)."""
     gen = torch.Generator().manual_seed(seed)
     t, n, k, g = case.t, case.n, case.k, case.g
     counts = list(case.counts) if case.counts is not None else routing_counts(t, g, case.routing, gen)
@@ -130,7 +130,7 @@ def op_args(inputs: dict) -> tuple[tuple, dict]:
 
 
 def grouped_reference(inputs: dict) -> Reference:
-    """SPEC.md's reference and bound for grouped inputs, as a testing.Reference (its ratio / check): float64
+    """docs/CONTRACT.md's reference and bound for grouped inputs, as a testing.Reference (its ratio / check): float64
     decode and sum group by group on the CPU, |alpha[g]| scaling each group's error budget."""
     a, b, sfa, sfb, offs, alpha, dt = (inputs[k] for k in ("a", "b", "sfa", "sfb", "offs", "alpha", "out_dtype"))
     if dt is None:

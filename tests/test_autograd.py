@@ -27,7 +27,7 @@ def decoded64(layer: dict) -> torch.Tensor:
 
 
 def assert_grad_within_fp32(got: torch.Tensor, dy: torch.Tensor, w64: torch.Tensor, dtype: torch.dtype) -> None:
-    """got = round(dy @ w64) with fp32 accumulation: |got - ref| <= 2u|ref| + 2^-16 |dy| @ |w| + d (SPEC.md's
+    """got = round(dy @ w64) with fp32 accumulation: |got - ref| <= 2u|ref| + 2^-16 |dy| @ |w| + d (docs/CONTRACT.md's
     bound, the accumulation term covering any fp32 summation order over N)."""
     assert got is not None, "gradient is None"
     assert got.dtype == dtype

@@ -4,7 +4,7 @@ The checkpoints are written by writers independent of the code under test: Model
 safetensors writes that follow its export code (its scale formulas, its nibble order, its fused-group scale
 sharing), compressed-tensors' by the compressed-tensors package's own NVFP4 compressor. Each writer's
 dequantized weights are the reference: every NVFP4Linear output of the loaded model is checked against
-them with SPEC.md's bound (W4A4: with the input quantized as the layer's scale says), and the logits are
+them with docs/CONTRACT.md's bound (W4A4: with the input quantized as the layer's scale says), and the logits are
 compared with a float model holding those weights (reported, and bounded).
 """
 from __future__ import annotations
@@ -211,7 +211,7 @@ def layer_io(model: nn.Module, ids: torch.Tensor):
 
 
 def check_layer(name: str, layer: NVFP4Linear, x: torch.Tensor, y: torch.Tensor, w_ref: torch.Tensor) -> float:
-    """SPEC.md's bound for y = x_q @ W_ref^T + b, where x_q is x itself for a weight-only layer and x quantized
+    """docs/CONTRACT.md's bound for y = x_q @ W_ref^T + b, where x_q is x itself for a weight-only layer and x quantized
     with the layer's input scale (static, or the call's amax) for W4A4. Returns the worst error / bound."""
     x2 = x.reshape(-1, layer.in_features)
     if layer.weight_only:
@@ -233,7 +233,7 @@ def check_layer(name: str, layer: NVFP4Linear, x: torch.Tensor, y: torch.Tensor,
     bound = 2 * UNIT_ROUNDOFF[dt] * ref.abs() + 2.0**-16 * mag + SMALLEST_SUBNORMAL[dt]
     err = (y.reshape(ref.shape).double() - ref).abs()
     worst = float((err / bound).max())
-    assert worst <= 1.0, f"{name}: {int((err > bound).sum())} outputs beyond SPEC.md's bound, worst ratio {worst:.3g}"
+    assert worst <= 1.0, f"{name}: {int((err > bound).sum())} outputs beyond docs/CONTRACT.md's bound, worst ratio {worst:.3g}"
     return worst
 
 
@@ -331,7 +331,7 @@ def test_load_matches_writer(checkpoints, kind, weight_only):
     print(f"{kind} weight_only={weight_only}: worst layer error / SPEC bound {worst:.3f}; "
           f"logits relative error vs the float model with the dequantized weights {err:.2e}")
     # weight-only: only output rounding separates the two models. W4A4 adds the activations' NVFP4 error
-    # (each layer itself is held to SPEC.md above): measured 0.14-0.19 on these models
+    # (each layer itself is held to docs/CONTRACT.md above): measured 0.14-0.19 on these models
     assert err < (1e-4 if expect_mode == "weight_only" else 0.3)
 
 

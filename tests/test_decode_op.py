@@ -1,5 +1,5 @@
 """nvfp4_gemm::_decode, the exact decode of an NVFP4 weight the backward multiplies by (autograd.decode_weight):
-bit for bit formats.dequantize and the plain PyTorch decoder on random data per SPEC.md and every scale byte,
+bit for bit formats.dequantize and the plain PyTorch decoder on random data per docs/CONTRACT.md and every scale byte,
 each output dtype, odd N, K a multiple of 16 but not 32, the views the layers hand it (fused-group row slices,
 row strides, a stride along K, an unaligned base, every scale view); its errors; its fake under opcheck,
 meta tensors and torch.compile; and on a GPU, no host sync and CUDA-graph capture."""

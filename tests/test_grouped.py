@@ -1,7 +1,7 @@
-"""nvfp4_gemm.grouped_mm (SPEC.md "Grouped GEMM") and its helpers on every backend available here.
+"""nvfp4_gemm.grouped_mm (docs/CONTRACT.md "Grouped GEMM") and its helpers on every backend available here.
 
-Every case: random data per SPEC.md (all 16 e2m1 codes, scales over many binades), the output poisoned before
-the call, SPEC.md's bound per element against the float64 reference group by group. CUDA backends run when a
+Every case: random data per docs/CONTRACT.md (all 16 e2m1 codes, scales over many binades), the output poisoned before
+the call, docs/CONTRACT.md's bound per element against the float64 reference group by group. CUDA backends run when a
 GPU is present (NVFP4_GEMM_TEST_BACKENDS narrows them); an arch backend without grouped kernels in this build
 is skipped with the reason.
 """

@@ -1,4 +1,4 @@
-"""The blocked scale layout, nibble order and decode helpers against SPEC.md's definitions."""
+"""The blocked scale layout, nibble order and decode helpers against docs/CONTRACT.md's definitions."""
 from __future__ import annotations
 
 import pytest

@@ -1,7 +1,7 @@
 """nvfp4_gemm.linear (torch.ops.nvfp4_gemm.linear): one op per NVFP4Linear forward, in its three modes.
 
 W4A4 results must equal quantize() followed by mm() with the same scales bit for bit (the op's contract),
-and every mode must match a float64 reference of the values it multiplies within SPEC.md's bound."""
+and every mode must match a float64 reference of the values it multiplies within docs/CONTRACT.md's bound."""
 from __future__ import annotations
 
 import re
@@ -73,7 +73,7 @@ def test_linear_equals_composed_ops(backend, mode, dtype, bias):
     assert y.shape == (3, 11, 72) and y.dtype == dtype
     assert torch.equal(y, ref)
     if not bias:
-        # And the numbers themselves: float64 product of what was multiplied, SPEC.md's bound.
+        # And the numbers themselves: float64 product of what was multiplied, docs/CONTRACT.md's bound.
         alpha = layer["weight_scale_2"] if mode == "weight_only" else None
         if mode != "weight_only":
             decode = input_scale if mode == "static" else 1.0 / global_encode_scale(finite_amax(x))
@@ -87,7 +87,7 @@ def test_linear_equals_composed_ops(backend, mode, dtype, bias):
 def test_linear_equals_composed_ops_at_decode_shapes(backend, mode, dtype, m):
     """M <= 16 with K % 256 == 0: on Hopper the K-sliced kernel takes NVFP4, 16-bit and float A quantized on the
     fly there; linear's W4A4 quantizes x into the call's workspace first (csrc/sm90/backend.cu, run_wk). Still
-    quantize + mm bit for bit, within SPEC.md's bound, with several K splits (K = 1024 on 264 rows)."""
+    quantize + mm bit for bit, within docs/CONTRACT.md's bound, with several K splits (K = 1024 on 264 rows)."""
     name, device = backend
     skip_refused_weight_only_float32(name, mode, dtype)
     seed = zlib.crc32(f"decode-{mode}-{dtype}-{m}".encode())

@@ -337,7 +337,7 @@ def test_gptq_dead_columns_and_valid_output():
     packed, sf, decode = quantize_weight(w, "gptq", hessian=acc.hessian(), act_order=True)
     dec = _decode((packed, sf, decode), k)
     assert torch.isfinite(dec).all() and (dec[:, 5] == 0).all()
-    # an ordinary NVFP4 weight: mm of it meets SPEC.md's bound against the format's decoder
+    # an ordinary NVFP4 weight: mm of it meets docs/CONTRACT.md's bound against the format's decoder
     xa = _calibration(k, 20, seed=18)
     gs_x = global_encode_scale(finite_amax(xa))
     px, sfx = nvfp4_gemm.quantize(xa, gs_x)

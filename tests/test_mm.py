@@ -124,7 +124,7 @@ def test_output_rounded_once_from_fp32_accumulation(backend):
 
 
 def test_the_checker_rejects_what_spec_rejects():
-    """nvfp4_gemm.testing.Reference (SPEC.md's bound) on hand-made outputs: the reference rounded once
+    """nvfp4_gemm.testing.Reference (docs/CONTRACT.md's bound) on hand-made outputs: the reference rounded once
     passes; one element off by twice its bound, a NaN where the reference has none, or a finite value where
     even |ref| - bound overflows fails; inf or a value within the bound where only |ref| + bound overflows
     passes."""

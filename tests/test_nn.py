@@ -1,6 +1,6 @@
 """NVFP4Linear and quantize_model against references that do not share their code path: torchao's NVFP4
 quantizer (for the weight and the activations) and checkpoints written byte by byte in this file, decoded
-here in float64; outputs checked with SPEC.md's bound. Also: the ModelOpt loader's errors, state_dict round
+here in float64; outputs checked with docs/CONTRACT.md's bound. Also: the ModelOpt loader's errors, state_dict round
 trips, input errors, torch.compile, layer selection and calibration."""
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ W_AMAX = 2688.0 / 8192   # weight decode scale 2^-13
 X_AMAX = 2688.0 / 256    # activation decode scale 2^-8
 
 
-# ---- independent decoding (SPEC.md's definitions, written out here) -------------------------------------
+# ---- independent decoding (docs/CONTRACT.md's definitions, written out here) -------------------------------------
 
 def decode_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """[R, K/2] bytes -> [R, K] float64 values; element 2i in the low nibble (SPEC.md)."""
+    """[R, K/2] bytes -> [R, K] float64 values; element 2i in the low nibble (docs/CONTRACT.md)."""
     b = packed.view(torch.uint8).long()
     codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(b.shape[0], -1)
     mag = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)[codes & 7]
@@ -62,7 +62,7 @@ def torchao_dequantized(t: torch.Tensor, decode_scale: float) -> torch.Tensor:
 
 def check_linear_output(out: torch.Tensor, x_dq: torch.Tensor, w_dq: torch.Tensor, bias: torch.Tensor | None,
                         dtype: torch.dtype) -> None:
-    """SPEC.md's bound for y = x_dq @ w_dq^T + bias (float64 operands with the per-tensor scales folded in):
+    """docs/CONTRACT.md's bound for y = x_dq @ w_dq^T + bias (float64 operands with the per-tensor scales folded in):
     |out - ref| <= 2u|ref| + 2^-16 (|x_dq| @ |w_dq|^T + |bias|) + d. The bias term covers its fp32 addition."""
     assert out.dtype == dtype, f"dtype {out.dtype} != {dtype}"
     x2 = x_dq.reshape(-1, x_dq.shape[-1])

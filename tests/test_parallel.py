@@ -1,7 +1,7 @@
 """Tensor and expert parallelism (nvfp4_gemm.parallel) on the CPU: 2 processes, gloo.
 
 What is proved: each shard holds exactly its rows / columns of the weight and of the scales (dequantized, bit
-for bit); a sharded layer's output in every mode is within SPEC.md's bound of the float64 reference of the
+for bit); a sharded layer's output in every mode is within docs/CONTRACT.md's bound of the float64 reference of the
 WHOLE layer (rowwise: fp32 partial sums all-reduced before the one rounding; dynamic W4A4: the whole
 input's amax), colwise outputs bit for bit the one-process ones; a tiny Llama at TP=2 checked layer by layer
 (each NVFP4 layer's gathered output against the reference of its whole weights on the input it saw) and by
@@ -123,7 +123,7 @@ def pool():
 
 
 def make_layer(mode: str, n: int, k: int, *, bias: bool, seed: int) -> NVFP4Linear:
-    """A layer of SPEC.md's random NVFP4 data: every e2m1 code, scales over 10 binades."""
+    """A layer of docs/CONTRACT.md's random NVFP4 data: every e2m1 code, scales over 10 binades."""
     inp = make_inputs(Case(8, n, k), seed=seed)
     layer = NVFP4Linear(k, n, bias=bias, static_input_scale=mode == "static", weight_only=mode == "weight_only",
                         block_scales_only=mode == "dynamic_block")
@@ -146,7 +146,7 @@ def make_x(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def layer_reference(layer: NVFP4Linear, x: torch.Tensor) -> Reference:
-    """SPEC.md's reference for the whole layer's forward on x (the input quantized with the layer's own
+    """docs/CONTRACT.md's reference for the whole layer's forward on x (the input quantized with the layer's own
     scales: the one-process numbers), the bias added in float64, the bound recomputed around it."""
     x2 = x.reshape(-1, layer.in_features)
     if layer.weight_only:
@@ -284,7 +284,7 @@ def _layers_worker(rank, world):
 
 def test_layers_tp2_every_mode(pool):
     """colwise / rowwise / gathered / split-input shards of a 256 x 384 layer in each mode and dtype, with and
-    without bias: within SPEC.md's bound of the whole layer's reference (colwise: bit for bit)."""
+    without bias: within docs/CONTRACT.md's bound of the whole layer's reference (colwise: bit for bit)."""
     pool.run(_layers_worker)
 
 
@@ -351,7 +351,7 @@ def _model_worker(rank, world):
 
 def test_tiny_llama_tp2(pool):
     """quantize_model'd tiny Llama / Qwen3 (weight-only, dynamic, static) sharded by transformers' own
-    tp_plan (config.base_model_tp_plan + lm_head): every NVFP4 layer within SPEC.md's bound of its whole
+    tp_plan (config.base_model_tp_plan + lm_head): every NVFP4 layer within docs/CONTRACT.md's bound of its whole
     weights on the input it saw, logits as one process's."""
     pool.run(_model_worker)
 
@@ -529,7 +529,7 @@ TINY_EXPERTS = 8
 
 def test_bench_tp_script_on_cpu(pool):
     """benchmarks/bench_tp.py's check and decode parts on tiny shapes (what the two-GPU run executes, minus
-    graphs and compile): no error, TP=2 within SPEC.md's bound layer by layer, MoE experts split."""
+    graphs and compile): no error, TP=2 within docs/CONTRACT.md's bound layer by layer, MoE experts split."""
     pool.run(_bench_worker)
 
 

@@ -157,7 +157,7 @@ def compare_w4a4(name: str, layer: NVFP4Linear, x: torch.Tensor, x_theirs: torch
     """Our layer's output on x against the producer's: its activations x_theirs times its decoded weight.
     Our activations may differ from theirs only where x / scale lands on an e2m1 midpoint (one rounding
     ties one way, the other the other way) or by float32 rounding of their fake-quantized values; the
-    output may differ by SPEC.md's fp32 bound plus exactly what those activation differences contribute.
+    output may differ by docs/CONTRACT.md's fp32 bound plus exactly what those activation differences contribute.
     Returns the number of tie flips. y: our output if computed elsewhere (another device), else layer(x)."""
     if y is None:
         with torch.no_grad():
@@ -174,7 +174,7 @@ def compare_w4a4(name: str, layer: NVFP4Linear, x: torch.Tensor, x_theirs: torch
     want = xt @ w.T
     bound = 2 * 2.0**-24 * want.abs() + 2.0**-16 * (xo.abs() @ w.abs().T) + (diff @ w.abs().T) * (1 + 2.0**-40)
     worst = float(((y - want).abs() - bound).max())
-    assert worst <= 0, f"{name}: output beyond SPEC.md's bound plus the ties' contribution by {worst}"
+    assert worst <= 0, f"{name}: output beyond docs/CONTRACT.md's bound plus the ties' contribution by {worst}"
     return int(flips.sum())
 
 
@@ -309,7 +309,7 @@ def test_w4a4_layers_match_producer(name):
         pytest.skip(NO_CT)
     model = from_pretrained(d, progress=False)
     flips = check_w4a4_against_producer(d, model, token_ids(1))
-    print(f"{name}: every layer within SPEC.md's bound of the producer's numerics; {flips} e2m1 tie flips")
+    print(f"{name}: every layer within docs/CONTRACT.md's bound of the producer's numerics; {flips} e2m1 tie flips")
 
 
 def test_dynamic_true_runs_per_block_numerics():
@@ -362,7 +362,7 @@ def test_our_compressed_tensors_checkpoint_in_their_reader(tmp_path, mode):
     else:
         check_w4a4_against_producer(d, from_pretrained(d, progress=False), token_ids(2))
         flips = check_w4a4_against_producer(d, model, token_ids(2))  # the model we saved, not only its reload
-        print(f"ours saved {mode}: every layer within SPEC.md's bound of compressed-tensors' numerics, {flips} ties")
+        print(f"ours saved {mode}: every layer within docs/CONTRACT.md's bound of compressed-tensors' numerics, {flips} ties")
 
 
 def convert_modelopt(src: str, d: str, *, input_activations=...) -> dict[str, torch.Tensor]:
@@ -574,7 +574,7 @@ def test_compressed_tensors_save_keeps_per_tensor_scales(tmp_path):
 def test_modelopt_fake_quant_forward_on_gpu(tmp_path):
     """On a GPU, ModelOpt's own quantized model (mtq.quantize NVFP4_DEFAULT_CFG, its CUDA fake quantization)
     against our layers loaded from its export of that model: each layer's output on the same inputs within
-    SPEC.md's bound of its fake-quantized activations times its fake-quantized weight (ties allowed)."""
+    docs/CONTRACT.md's bound of its fake-quantized activations times its fake-quantized weight (ties allowed)."""
     if not HAVE_MODELOPT:
         pytest.skip("nvidia-modelopt is not installed (bash scripts/install.sh installs 0.47.0)")
     import modelopt.torch.quantization as mtq

@@ -138,5 +138,5 @@ def test_smollm2_w4a4_layers_match_modelopt(exported, smollm2):
     _, _, ids = smollm2
     model = from_pretrained(d, progress=False)
     flips = tp.check_w4a4_against_producer(d, model, ids)
-    print(f"SmolLM2 NVFP4: all {N_QUANTIZED} layers within SPEC.md's bound of ModelOpt's numerics; "
+    print(f"SmolLM2 NVFP4: all {N_QUANTIZED} layers within docs/CONTRACT.md's bound of ModelOpt's numerics; "
           f"{flips} e2m1 tie flips")

@@ -2,7 +2,7 @@
 
 Each test compiles a small C++ program from tests/sm100_host/ against the headers the kernels use
 (csrc/sm100/operands.h, sm100_gemm.cuh, the generated table) and runs it on the CPU:
-  (c) layout_test:         CUTLASS's SF layouts as the launcher builds them == SPEC.md's blocked offsets;
+  (c) layout_test:         CUTLASS's SF layouts as the launcher builds them == docs/CONTRACT.md's blocked offsets;
   (d) reference_test:      CUTLASS's host block-scaled GEMM over the launcher's operands == reference_mm,
                            and CUTLASS's view of every e2m1 element == nvfp4_gemm.dequantize (nibble order);
   (e) can_implement_test:  every table entry passes CUTLASS's can_implement where the table picks it, and
@@ -72,7 +72,7 @@ def test_can_implement_every_dispatch_entry(can_implement_exe):
     assert "can_implement refused" in out and "this kernel needs K % 32 == 0" in out
 
 
-# SPEC.md "Checking numbers": M not a multiple of 128, K/16 not a multiple of 4, M = 1, N = 8, all output
+# docs/CONTRACT.md "Checking numbers": M not a multiple of 128, K/16 not a multiple of 4, M = 1, N = 8, all output
 # dtypes, alpha, zero / subnormal / large (inf) / NaN scales; padded rows (lda, ldb > K/2; ldc > N).
 REFERENCE_CASES = [
     (Case(1, 8, 32), 0),

@@ -1,5 +1,5 @@
 """SM120 / SM121 GPU checks (RTX 50, RTX PRO 6000, DGX Spark): every dispatch entry forced on partial tiles
-and every output dtype against SPEC.md's bound, automatic dispatch, the first-use self-check, the weight-only
+and every output dtype against docs/CONTRACT.md's bound, automatic dispatch, the first-use self-check, the weight-only
 form going to the generic path, CUDA-graph replay with alpha read on the device, a side stream.
 
 Skipped, with the reason, on any machine without such a GPU and a build with _C_sm120: these tests have

@@ -2,7 +2,7 @@
 
 Each test compiles a small C++ program from tests/sm120_host/ against the headers the kernels use
 (csrc/sm120/operands.h, sm120_gemm.cuh, the generated table) and runs it on the CPU:
-  layout_test:         CUTLASS's SF layouts as the SM120 launcher builds them == SPEC.md's blocked offsets;
+  layout_test:         CUTLASS's SF layouts as the SM120 launcher builds them == docs/CONTRACT.md's blocked offsets;
   reference_test:      CUTLASS's host block-scaled GEMM over the launcher's operands == reference_mm, and
                        CUTLASS's view of every e2m1 element == nvfp4_gemm.dequantize (nibble order);
   can_implement_test:  every table entry passes CUTLASS's can_implement where the table picks it (RTX 5090,
@@ -21,7 +21,7 @@ import torch
 import nvfp4_gemm
 from nvfp4_gemm.testing import check_against_reference, make_inputs
 from sm120_host import tools
-# The SM100 host test's cases and file helpers: the same SPEC.md corner cases run through both launchers.
+# The SM100 host test's cases and file helpers: the same docs/CONTRACT.md corner cases run through both launchers.
 from test_sm100_host import _DT_CODE, REFERENCE_CASES, _padded, _read, _write
 
 pytestmark = pytest.mark.skipif(tools.find_nvcc() is None, reason="nvcc not found: the SM120 host checks compile C++ with it")

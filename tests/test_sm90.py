@@ -2,7 +2,7 @@
 sweep of >= 300 shapes, bitwise determinism, CUDA graph capture and a non-default stream.
 
 The sweep's shapes reach 4096 x 8192 x 16384, too large for the CPU float64 reference of cases.py, so
-these tests check on the GPU in float64 with the same SPEC.md bound (nvfp4_gemm.testing.Reference). Failure
+these tests check on the GPU in float64 with the same docs/CONTRACT.md bound (nvfp4_gemm.testing.Reference). Failure
 messages carry the seed of _gpu_inputs, so a case replays.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _gpu_inputs(m, n, k, out_dtype=torch.float16, alpha=None, scales="typical", 
 
 
 def _check_gpu(out, inputs, context=""):
-    """SPEC.md's bound (nvfp4_gemm.testing.Reference), computed on the GPU."""
+    """docs/CONTRACT.md's bound (nvfp4_gemm.testing.Reference), computed on the GPU."""
     Reference(inputs).check(out, context)
 
 
@@ -126,7 +126,7 @@ def test_forced_splits(force_splits, splits):
 
 def test_cluster_split(force_splits):
     """Where the wgmma kernel splits each tile's K over clusters (backend.cu, split_plan.h choose_split), against
-    one CTA per whole tile (1 split forced, which also turns the cluster split off). Both meet SPEC.md's bound; the
+    one CTA per whole tile (1 split forced, which also turns the cluster split off). Both meet docs/CONTRACT.md's bound; the
     two cut K at different places, so their float32 sums round differently somewhere, which shows that the split
     ran. Shapes, on an H100: 32 tiles x 56 K tiles (two clusters of 2 per tile, their rows summed through the
     workspace), 4 tiles x 17 K tiles with a ragged last one (clusters of 6), 8 tiles of 64 tokens x 16 K tiles
@@ -150,7 +150,7 @@ def test_one_wave_over_more_tiles(force_splits):
     (tile, K tile) units, each range holding whole tiles between a partial first and last one, against one CTA per
     whole tile (1 split forced: no partial sums). Shapes, on an H100: 330 tiles of 64 tokens x 2 K tiles (5 K tiles a
     CTA, so a range spans up to four tiles); gate_up of an 8B model at M = 128 (224 tiles x 32 K tiles); 136 tiles
-    of 256 tokens with M and K ragged. Both meet SPEC.md's bound, a second call gives the same bits, and the two
+    of 256 tokens with M and K ragged. Both meet docs/CONTRACT.md's bound, a second call gives the same bits, and the two
     plans sum K in different pieces, so the float32 results differ somewhere, which shows that the split ran."""
     differs = []
     for i, (m, n, k) in enumerate([(64, 42240, 512), (128, 28672, 4096), (200, 17408, 1056)]):
@@ -168,7 +168,7 @@ def test_one_wave_over_more_tiles(force_splits):
 
 
 def test_epilogue_paths(force_splits):
-    """The wgmma kernel's two output paths, each within SPEC.md's bound: a tile staged in shared memory and copied
+    """The wgmma kernel's two output paths, each within docs/CONTRACT.md's bound: a tile staged in shared memory and copied
     out with 16-byte stores (float32 at 32 and 64 tokens, 16-bit outputs), or stored quad by quad where a staged
     tile does not fit the stage (float32 at 128 / 256 tokens). Whole tiles (one split forced) on every token tile's
     config, then split tiles: the balanced split (48 tiles), one wave over 224 tiles, 256 tokens with M and N
@@ -282,7 +282,7 @@ def test_deep_small_m_config_for_unsplit_grids():
     """The rule "unsplit_small_m8" (csrc/sm90/generate.py): at M <= 8, a problem the 8-token config would run
     unsplit below one wave of the 16-token config (N = 28672 on an H100's 132 SMs; K = 2080, since at K % 256 == 0 the K-sliced kernel takes
     M <= 16) takes the 16-token config; one it splits (N = 4096) keeps the 8-token config. Both results within
-    SPEC.md's bound."""
+    docs/CONTRACT.md's bound."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # 2 x SMs - 40 row blocks (224 on 132 SMs): too many for a second split of the 8-token config (3 CTAs per
     # SM), and within one wave of the 16-token config (2 per SM).

@@ -1,6 +1,6 @@
 """The sm90 grouped (mixture-of-experts) kernels, through the private op torch.ops.nvfp4_gemm._sm90_grouped_test
 (one launch of the GroupedBackendApi table on the current stream; nvfp4_gemm.grouped_mm is the public op):
-random routings against SPEC.md's float64 reference per group, outputs poisoned with NaN first, empty groups,
+random routings against docs/CONTRACT.md's float64 reference per group, outputs poisoned with NaN first, empty groups,
 one group holding every row, groups of one row, T not a multiple of anything, fp16 / bf16 activations and
 NVFP4 A, every output dtype, per-group alpha, forced split counts, the same bits as the dense sm90 mm per group,
 garbage routing staying inside C, and a CUDA graph replayed while the routing changes."""
@@ -103,7 +103,7 @@ def run_grouped(x, config=-1, out=None):
 
 
 def check_grouped(x, out, context=""):
-    """Every group's rows against SPEC.md's reference of that group alone (NaN poison: unwritten rows fail)."""
+    """Every group's rows against docs/CONTRACT.md's reference of that group alone (NaN poison: unwritten rows fail)."""
     k = x["b"].shape[2] * 2
     for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
         if m == 0:

@@ -1,6 +1,6 @@
 """The weight-only form (fp16 / bf16 activations x NVFP4 weights) on the sm90 kernels: a random sweep over
 every dispatch row, every config forced, exactness of the B decode in both 16-bit types, determinism, a
-side stream and CUDA-graph replay. References are float64 on the GPU with SPEC.md's bound
+side stream and CUDA-graph replay. References are float64 on the GPU with docs/CONTRACT.md's bound
 (nvfp4_gemm.testing.Reference; sfa None is the weight-only form); failure messages carry the seed."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The weight-only form of mm (float activations x NVFP4 weight), the out= form and the positional
-alpha / out_dtype, on every backend available here, against the float64 reference with SPEC.md's bound."""
+alpha / out_dtype, on every backend available here, against the float64 reference with docs/CONTRACT.md's bound."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +47,7 @@ def make_weight_only(case: WCase, device) -> dict:
 
 
 def assert_within_spec(out: torch.Tensor, inputs: dict) -> None:
-    """SPEC.md's bound against the float64 reference of the values multiplied (testing.Reference; sfa None is
+    """docs/CONTRACT.md's bound against the float64 reference of the values multiplied (testing.Reference; sfa None is
     the weight-only form)."""
     Reference(dict(inputs, out_dtype=out.dtype), device="cpu").check(out.cpu())
 
@@ -92,7 +92,7 @@ def test_weight_only_equals_decoded_w4a4(backend):
     """A float A that is exactly an NVFP4 tensor's values gives the W4A4 product of that tensor."""
     _, device = backend
     inputs = make_inputs(Case(37, 64, 256, F32, alpha=0.5), device, seed=3)
-    a_dq = nvfp4_gemm.dequantize(inputs["a"], inputs["sfa"], 256, F16)  # exact in fp16 (SPEC.md)
+    a_dq = nvfp4_gemm.dequantize(inputs["a"], inputs["sfa"], 256, F16)  # exact in fp16 (docs/CONTRACT.md)
     w4a16 = nvfp4_gemm.mm(a_dq, inputs["b"], None, inputs["sfb"], inputs["alpha"], F32)
     w4a4 = nvfp4_gemm.mm(**inputs)
     assert_within_spec(w4a16, dict(a=a_dq, b=inputs["b"], sfa=None, sfb=inputs["sfb"], alpha=inputs["alpha"]))

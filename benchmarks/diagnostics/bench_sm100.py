@@ -28,7 +28,7 @@ import generate  # noqa: E402  - the dispatch table itself
 import nvfp4_gemm  # noqa: E402
 from nvfp4_gemm.testing import median_seconds  # noqa: E402
 
-# GPU MODE nvfp4_gemm benchmark shapes and their B200 speed of light at 1.5 GHz (SPEC.md).
+# GPU MODE nvfp4_gemm benchmark shapes and their B200 speed of light at 1.5 GHz (docs/CONTRACT.md).
 GPUMODE = [(128, 7168, 16384, 8.994), (128, 4096, 7168, 2.354), (128, 7168, 2048, 1.333)]
 EXTRA = [(1, 7168, 16384, None), (16, 4096, 7168, None), (64, 7168, 2048, None), (512, 4096, 7168, None),
          (1024, 7168, 7168, None), (4096, 7168, 16384, None), (8192, 8192, 8192, None)]

@@ -34,7 +34,7 @@ void check_packed(const at::Tensor& t, const char* name, const char* rows_name) 
               shape_str(t));
 }
 
-// The three accepted views of the blocked layout (SPEC.md); anything else is an error, never a guess.
+// The three accepted views of the blocked layout (docs/CONTRACT.md); anything else is an error, never a guess.
 void check_blocked_scales_impl(const char* op, const at::Tensor& sf, const char* name, const char* rows_name,
                                int64_t rows, int64_t k) {
   TORCH_CHECK(is_scale_dtype(sf.scalar_type()), op, ": ", name,

@@ -16,7 +16,7 @@ struct MmShape {
   bool weight_only;  // a holds float activations [M, K] and sfa is absent (W4A16)
 };
 
-// Checks every argument against SPEC.md; throws c10::Error naming the argument, expected vs actual.
+// Checks every argument against docs/CONTRACT.md; throws c10::Error naming the argument, expected vs actual.
 // `gpu_rules` adds the rules a GPU kernel reads and writes the data under (unit stride along K, 16-byte
 // aligned rows and base pointers, dimensions below 2^31). `out`, when given, must be [M, N] of the
 // result dtype on a's device (out_dtype None: out's dtype).

@@ -20,7 +20,7 @@ struct GroupedShape {
   int64_t sfa_rows;   // padded rows the sfa buffer holds (W4A4 only; a multiple of 128)
 };
 
-// Checks every argument against SPEC.md's "Grouped GEMM"; throws c10::Error naming the argument, expected vs
+// Checks every argument against docs/CONTRACT.md's "Grouped GEMM"; throws c10::Error naming the argument, expected vs
 // actual, before anything is written. Values on the device (offs, alpha) are not read: `gpu_rules` adds the
 // rules the CUDA kernels read and write under (unit stride along K, 16-byte aligned rows and bases,
 // dimensions below 2^31). `out`, when given, must be [T, N] of the result dtype on a's device.

@@ -68,7 +68,7 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
     }
     return out;
   });
-  // The grouped (mixture-of-experts) GEMM, SPEC.md "Grouped GEMM": b [G, N, K/2], offs int32 [G] cumulative row
+  // The grouped (mixture-of-experts) GEMM, docs/CONTRACT.md "Grouped GEMM": b [G, N, K/2], offs int32 [G] cumulative row
   // ends read on the device, alpha float32 [G] or None. grouped_mm_out writes into a caller's [T, N] tensor.
   m.def(
       "grouped_mm(Tensor a, Tensor b, Tensor? sfa, Tensor sfb, Tensor offs, Tensor? alpha=None, "

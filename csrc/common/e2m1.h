@@ -1,4 +1,4 @@
-// Host-side decoding of the NVFP4 formats (SPEC.md), shared by the CPU backend and host tests.
+// Host-side decoding of the NVFP4 formats (docs/CONTRACT.md), shared by the CPU backend and host tests.
 #pragma once
 
 #include <cmath>

@@ -29,7 +29,7 @@ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // Byte offset of logical scale (r, s) in the blocked layout of a matrix with `sf_cols` = K/16 columns
-// (SPEC.md: 128x4 atoms, row-block major; inside an atom (r%32)*16 + ((r%128)/32)*4 + s%4).
+// (docs/CONTRACT.md: 128x4 atoms, row-block major; inside an atom (r%32)*16 + ((r%128)/32)*4 + s%4).
 constexpr int64_t blocked_sf_offset(int64_t r, int64_t s, int64_t sf_cols) {
   return ((r / kSfAtomRows) * ceil_div(sf_cols, kSfAtomCols) + s / kSfAtomCols) * kSfAtomBytes +
          (r % 32) * 16 + ((r % kSfAtomRows) / 32) * 4 + s % kSfAtomCols;

@@ -44,7 +44,7 @@ __global__ void decode_kernel(const uint8_t* __restrict__ packed, int64_t ld_byt
   const uint32_t words[2] = {bytes.x, bytes.y};
 #pragma unroll
   for (int i = 0; i < kSfVecSize; ++i) {
-    // Element 2j sits in the low nibble of byte j (SPEC.md).
+    // Element 2j sits in the low nibble of byte j (docs/CONTRACT.md).
     const uint32_t code = (words[i / 8] >> (4 * (i % 8))) & 0xF;
     vals[i] = convert_out<T>(e2m1_value(code) * scale);  // exact: the product fits T's significand
   }

@@ -20,7 +20,7 @@
 namespace nvfp4_gemm::sm100 {
 
 using DataType = cutlass::float_e2m1_t;     // packed two per byte, element 2i in the low nibble
-using ScaleType = cutlass::float_ue4m3_t;   // e4m3 bit pattern; SPEC.md's scales are never negative
+using ScaleType = cutlass::float_ue4m3_t;   // e4m3 bit pattern; docs/CONTRACT.md's scales are never negative
 using ElementOperand = cutlass::nv_float4_t<DataType>;
 using SfConfig = cutlass::detail::Sm1xxBlockScaledConfig<int(kSfVecSize)>;
 using LayoutSF = decltype(SfConfig::deduce_layoutSFA());

@@ -20,10 +20,10 @@
 namespace nvfp4_gemm::sm120 {
 
 using DataType = cutlass::float_e2m1_t;     // packed two per byte, element 2i in the low nibble
-using ScaleType = cutlass::float_ue4m3_t;   // e4m3 bit pattern; SPEC.md's scales are never negative
+using ScaleType = cutlass::float_ue4m3_t;   // e4m3 bit pattern; docs/CONTRACT.md's scales are never negative
 using ElementOperand = cutlass::nv_float4_t<DataType>;
 // The SM120 collective uses the same scale-factor description as SM100 (Sm1xx...): 128x4 atoms of
-// 512 bytes, row-block major. tests/sm120_host/layout_test.cu proves it equals SPEC.md's offsets.
+// 512 bytes, row-block major. tests/sm120_host/layout_test.cu proves it equals docs/CONTRACT.md's offsets.
 using SfConfig = cutlass::detail::Sm1xxBlockScaledConfig<int(kSfVecSize)>;
 using LayoutSF = decltype(SfConfig::deduce_layoutSFA());
 

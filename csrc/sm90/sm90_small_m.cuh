@@ -173,7 +173,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // The two scale bytes of groups (2 c, 2 c + 1) of a 256-K block for the row at byte offset sf_row_off of
-// its atom: atom column 4 kblk + c / 2, bytes 2 (c % 2) and 2 (c % 2) + 1 (SPEC.md's blocked layout).
+// its atom: atom column 4 kblk + c / 2, bytes 2 (c % 2) and 2 (c % 2) + 1 (docs/CONTRACT.md's blocked layout).
 __device__ __forceinline__ uint32_t ld_scale_pair(const uint8_t* sf, int64_t sf_rb_base, int kblk, int c,
                                                   int sf_row_off) {
   const uint8_t* q = sf + (sf_rb_base + kblk * 4 + c / 2) * kSfAtomBytes + sf_row_off + 2 * (c % 2);
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kSmallThreads, CTAS) small_m_kernel(const __gr
           aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + (kg + 8 * v) * 2));
         } else {
           aw[x] = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<int64_t>(t) * p.lda + kg / 2));
-          const int r = p.sfa_row0 + t;  // SPEC.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
+          const int r = p.sfa_row0 + t;  // docs/CONTRACT.md's blocked offset: row r, groups kg / 16 and kg / 16 + 1
           asp[x] = ld_scale_pair(p.sfa, static_cast<int64_t>(r / 128) * p.sf_atoms, kb0 + blk,
                                  (c & 3) + 4 * (c >> 2), (r % 32) * 16 + ((r % 128) / 32) * 4);
         }

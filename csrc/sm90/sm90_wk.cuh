@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kWkThreads, CTAS) wk_kernel(const __grid_const
   const int row_base = rg * 64 + sigma;  // row of tile mt: row_base + 16 mt (and + 8)
   // This lane's 8 bytes of a row: chunk 2 ks + tig / 2, half tig % 2, the chunk XORed with row % 8 = sigma.
   const uint32_t b_off = row_base * 128 + ((((2 * ks + (tig >> 1)) ^ sigma)) << 4) + (tig & 1) * 8;
-  // Scale byte of row r for this lane's group: atom ks of the stage, SPEC.md's offset inside the atom.
+  // Scale byte of row r for this lane's group: atom ks of the stage, docs/CONTRACT.md's offset inside the atom.
   auto sf_at = [&](int r) { return kSfOff + ks * kSfAtomBytes + (r % 32) * 16 + (r / 32) * 4 + tig; };
   // A: box ks holds K [64 ks, 64 ks + 64) of the stage; token t's elements 16 tig .. 16 tig + 15 are
   // chunks 2 tig and 2 tig + 1 of its 128-byte row, XORed with t % 8 (= g: n-tiles are 8 rows).

@@ -1,5 +1,5 @@
 // Verification (c): the scale-factor layouts the launcher hands CUTLASS (operands.h, the code the kernels
-// use) address the caller's blocked buffers exactly as SPEC.md's formula (common/problem.h's
+// use) address the caller's blocked buffers exactly as docs/CONTRACT.md's formula (common/problem.h's
 // blocked_sf_offset), for every (row, k), for A and B, with and without the A/B swap. Host only.
 #include <array>
 #include <cstdio>
@@ -39,7 +39,7 @@ static void check_operand(const char* what, const LayoutSFT& layout_sf, const St
     for (int64_t kk = 0; kk < k; ++kk) {
       const int64_t got = layout_sf(make_coord(int(r), int(kk), 0));
       const int64_t want = blocked_sf_offset(r, kk / kSfVecSize, sf_cols);
-      EXPECT(got == want, "%s rows=%lld K=%lld: SF of (row %lld, k %lld) at %lld, SPEC.md says %lld", what,
+      EXPECT(got == want, "%s rows=%lld K=%lld: SF of (row %lld, k %lld) at %lld, docs/CONTRACT.md says %lld", what,
              (long long)rows, (long long)k, (long long)r, (long long)kk, (long long)got, (long long)want);
       EXPECT(got >= 0 && got < padded, "%s: SF offset %lld outside the %lld-byte blocked buffer", what,
              (long long)got, (long long)padded);
@@ -124,6 +124,6 @@ int main() {
     std::printf("layout_test: %d mismatches over %d problems\n", failures, cases);
     return 1;
   }
-  std::printf("layout_test: OK, %d problems (A and B, swapped and not) match SPEC.md's blocked offsets\n", cases);
+  std::printf("layout_test: OK, %d problems (A and B, swapped and not) match docs/CONTRACT.md's blocked offsets\n", cases);
   return 0;
 }

@@ -1,5 +1,5 @@
 // The scale-factor layouts the SM120 launcher hands CUTLASS (operands.h, the code the kernels use) address
-// the caller's blocked buffers exactly as SPEC.md's formula (common/problem.h's blocked_sf_offset), for
+// the caller's blocked buffers exactly as docs/CONTRACT.md's formula (common/problem.h's blocked_sf_offset), for
 // every (row, k), for A and B; strides, roles and D as the Problem says. Host only.
 #include <array>
 #include <cstdio>
@@ -26,7 +26,7 @@ static int failures = 0;
 
 static const uint8_t* fake(uintptr_t a) { return reinterpret_cast<const uint8_t*>(a); }
 
-// One rows x K operand: its SF layout against SPEC.md, its data stride against the row pitch.
+// One rows x K operand: its SF layout against docs/CONTRACT.md, its data stride against the row pitch.
 template <class LayoutSFT, class StrideT>
 static void check_operand(const char* what, const LayoutSFT& layout_sf, const StrideT& stride, int64_t rows,
                           int64_t k, int64_t ld_bytes) {
@@ -37,7 +37,7 @@ static void check_operand(const char* what, const LayoutSFT& layout_sf, const St
     for (int64_t kk = 0; kk < k; ++kk) {
       const int64_t got = layout_sf(make_coord(int(r), int(kk), 0));
       const int64_t want = blocked_sf_offset(r, kk / kSfVecSize, sf_cols);
-      EXPECT(got == want, "%s rows=%lld K=%lld: SF of (row %lld, k %lld) at %lld, SPEC.md says %lld", what,
+      EXPECT(got == want, "%s rows=%lld K=%lld: SF of (row %lld, k %lld) at %lld, docs/CONTRACT.md says %lld", what,
              (long long)rows, (long long)k, (long long)r, (long long)kk, (long long)got, (long long)want);
     }
     // Element (r, k) of the operand is nibble k%2 of byte r*ld + k/2 (strides count e2m1 elements).
@@ -109,6 +109,6 @@ int main() {
     std::printf("layout_test: %d mismatches over %d problems\n", failures, cases);
     return 1;
   }
-  std::printf("layout_test: OK, %d problems (A and B) match SPEC.md's blocked offsets\n", cases);
+  std::printf("layout_test: OK, %d problems (A and B) match docs/CONTRACT.md's blocked offsets\n", cases);
   return 0;
 }
