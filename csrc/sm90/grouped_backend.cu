@@ -59,9 +59,9 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // of m rows costs ceil(m / TOKENS) decodes of each of its tiles: past 8 rows per group most groups would need two
 // 8-token chunks. Below that the 8-token config's deeper pipeline and two CTAs per SM win.
 // The 32-token config (one CTA per SM: 145 registers) is not chosen automatically: at T = 16 G (Qwen3-30B-A3B,
-// 256 tokens) it measured 284.5 us a layer against the 16-token config's 221.1 (bench_moe / sm90_grouped_bench,
-// H200). It stays reachable by name for the measurement that places it (sm90_grouped_gpu_check.sh forces each
-// config at 64 / 256 / 1024 tokens).
+// 256 tokens) the tree that picked it measured 284.5 us a layer, the tree before it (16-token config there)
+// 221.1 (H200, two calls of one day; benchmarks/RESULTS.md). It stays reachable by name for the measurement that
+// places it (sm90_grouped_gpu_check.sh forces each config at 64 / 256 / 1024 tokens in one call).
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
 
 void set_msg(char* buf, size_t len, const char* msg) {
