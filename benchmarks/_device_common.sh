@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# Sourced (from the repository root) by the GPU-machine drivers, benchmarks/device.sh and
-# benchmarks/diagnostics/small_m_ab.sh: the set-up they share. Wheels the machine lacks, carried in .whl/, go
-# to /tmp/site; a model package carried in .model/ (the MiniLM example's) goes on PYTHONPATH, with the hub
-# offline; the build is for NVFP4_GEMM_CUDA_ARCHS (default sm_90a) with MAX_JOBS jobs (default: one per
-# core); logs go under $OUT.
+# Sourced (from the repository root) by the GPU-machine driver, benchmarks/device.sh, or by hand before a
+# one-off command (`source benchmarks/_device_common.sh; clean_build`): the set-up it needs. Wheels the machine
+# lacks, carried in .whl/, go to /tmp/site; a model package carried in .model/ (the MiniLM example's) goes on
+# PYTHONPATH, with the hub offline; the build is for NVFP4_GEMM_CUDA_ARCHS (default sm_90a) with MAX_JOBS jobs
+# (default: one per core); logs go under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/nvfp4_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -20,7 +20,8 @@
 #   main       python -m nvfp4_gemm (the GPU MODE shapes, checked and timed) under automatic dispatch, then
 #              with NVFP4_GEMM_BACKEND=generic. MAIN_TIMEOUT (120)
 #   sanitize   compute-sanitizer: each tool of SANITIZE_TOOLS (memcheck racecheck) over each script of
-#              SANITIZE_CASES (diagnostics/sm90_sanitize_cases.py and linear_sanitize_cases.py), then memcheck
+#              SANITIZE_CASES (diagnostics/sm90_sanitize_cases.py and linear_sanitize_cases.py; the grouped cases,
+#              diagnostics/grouped_sanitize_cases.py and sm90_grouped_sanitize_cases.py, when named), then memcheck
 #              over the CUDA mse quantizer and op-boundary tests: SANITIZE_FILES (tests/test_methods.py
 #              tests/test_errors.py), -k SANITIZE_K. SANITIZE_CASES= or SANITIZE_FILES= leaves a part out.
 #              SANITIZE_TIMEOUT (150)
@@ -50,7 +51,7 @@
 #              launch, occupancy; more NCU_ARGS (e.g. "--clock-control none"); NCU_STALLS=1 adds a pass for
 #              every stall reason per issued instruction. NCU_TIMEOUT (120)
 #   diag       each ';'-separated command of DIAG as `python3 benchmarks/diagnostics/COMMAND`, e.g.
-#              DIAG="silu_mul.py; sm90_profile.py auto 2 4; wk_layout.py --m 1". DIAG_TIMEOUT (150)
+#              DIAG="silu_mul.py; sm90_profile.py auto 2 4; sm90_grouped_bench.py --tokens 1,16". DIAG_TIMEOUT (150)
 #
 # Tables meant for benchmarks/RESULTS.md (bench_quantize, bench_methods, minilm) are appended to
 # $OUT/record.md. The device's copy of the tree has no .git: NVFP4_GEMM_COMMIT=<commit> names the commit in
