@@ -1,10 +1,6 @@
-// The sm120 BackendApi: the table in generated/table.inc, the kernels it names, and the checks that turn
-// a kernel's refusal into a message. Torch-free and CUTLASS-free.
-#include <climits>
-#include <cstdio>
-
-#include <cuda_runtime_api.h>
-
+// The sm120 BackendApi: the table in generated/table.inc and the kernels it names, served through
+// common/cutlass_backend.h. Torch-free and CUTLASS-free.
+#include "common/cutlass_backend.h"
 #include "sm120/api.h"
 #include "sm120/kernel_ops.h"
 #include "sm120/select.h"
@@ -25,92 +21,28 @@ const KernelOps* const kOps[] = {
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == kNumConfigs);
 
-const char* const kNames[] = {
+const char* const kConfigNames[] = {
 #define NVFP4_SM120_CONFIG(name, ...) #name,
 #include "sm120/generated/table.inc"
 };
 
-const KernelOps& ops(int32_t config, OutDtype dt) { return kOps[config][static_cast<int>(dt)]; }
-
-bool valid(int32_t config, OutDtype dt) {
-  return config >= 0 && config < kNumConfigs && static_cast<int>(dt) >= 0 && static_cast<int>(dt) < 3;
-}
-
-// CUTLASS's problem shape is (int, int, int, int): operands.h narrows M, N, K only after this check.
-bool dims_fit(const Problem& p) { return p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX; }
-
-bool api_can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len) {
-  if (!valid(config, p->out_dtype)) {
-    std::snprintf(why, why_len, "sm120 has no config #%d (it has %d) for out dtype %d", config, kNumConfigs,
-                  static_cast<int>(p->out_dtype));
-    return false;
+struct Arch {
+  static constexpr const char* kName = "sm120";
+  static constexpr const char* kTarget = "sm_120f";
+  static constexpr const char* kSms = "SM 120 / 121";
+  static constexpr int32_t kNumConfigs = ::nvfp4_gemm::sm120::kNumConfigs;
+  static constexpr const char* const* kNames = kConfigNames;
+  static const KernelOps& ops(int32_t config, OutDtype dt) { return kOps[config][static_cast<int>(dt)]; }
+  static bool supports_sm(int32_t sm) { return ::nvfp4_gemm::sm120::supports_sm(sm); }
+  static int32_t select(const Problem& p, const DeviceInfo& dev, char* why, size_t why_len) {
+    return select_config(p, dev, why, why_len);
   }
-  if (!supports_sm(dev->sm)) {
-    std::snprintf(why, why_len,
-                  "%s is built for sm_120f (SM 120 / 121); this device is SM %d", kNames[config], dev->sm);
-    return false;
-  }
-  if (p->alpha2 != nullptr) {
-    std::snprintf(why, why_len, "%s takes one alpha pointer (no alpha2)", kNames[config]);
-    return false;
-  }
-  if (p->a_type != AType::kE2m1) {
-    std::snprintf(why, why_len, "%s multiplies NVFP4 x NVFP4 (W4A4); the weight-only form (16/32-bit a) runs on "
-                  "the generic path", kNames[config]);
-    return false;
-  }
-  if (!dims_fit(*p)) {
-    std::snprintf(why, why_len,
-                  "%s takes M, N, K <= 2^31 - 1 (CUTLASS's 32-bit problem shape); got M=%lld N=%lld K=%lld",
-                  kNames[config], static_cast<long long>(p->m), static_cast<long long>(p->n),
-                  static_cast<long long>(p->k));
-    return false;
-  }
-  char inner[384];
-  if (!ops(config, p->out_dtype).check(*p, *dev, inner, sizeof(inner))) {
-    std::snprintf(why, why_len, "%s: %s", kNames[config], inner);
-    return false;
-  }
-  return true;
-}
-
-int32_t api_select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  int32_t c = select_config(*p, *dev, why, why_len);
-  if (c < 0) return -1;
-  return api_can_run(p, c, dev, why, why_len) ? c : -1;
-}
-
-size_t api_workspace_bytes(const Problem* p, int32_t config, const DeviceInfo* dev) {
-  if (!valid(config, p->out_dtype) || !dims_fit(*p)) return 0;  // can_run refuses these: run never sees them
-  return ops(config, p->out_dtype).workspace(*p, *dev);
-}
-
-// The binding layer sized the workspace with the same DeviceInfo, so run and workspace_bytes agree.
-bool api_run(const Problem* p, int32_t config, const DeviceInfo* devp, void* workspace, size_t workspace_bytes,
-             cudaStream_t stream, char* err, size_t err_len) {
-  const DeviceInfo& dev = *devp;
-  if (!api_can_run(p, config, &dev, err, err_len)) return false;
-  const float* alpha = p->alpha;
-  if (!alpha && !(alpha = device_one(dev.index))) {
-    std::snprintf(err, err_len, "sm120: cannot get the device address of the constant 1.0f alpha");
-    return false;
-  }
-  char inner[384];
-  if (!ops(config, p->out_dtype).run(*p, dev, alpha, workspace, workspace_bytes, stream, inner, sizeof(inner))) {
-    std::snprintf(err, err_len, "%s: %s", kNames[config], inner);
-    return false;
-  }
-  return true;
-}
+  static const char* rules() { return dispatch_rules(); }
+  static const float* device_one(int device) { return ::nvfp4_gemm::sm120::device_one(device); }
+};
 
 }  // namespace
 
-const BackendApi& backend_api() {
-  static const BackendApi api{
-      kBackendAbiVersion, "sm120", "sm_120f", kNumConfigs, kNames, &supports_sm, &api_select, &api_can_run,
-      &api_workspace_bytes, &api_run, /*prefers_generic=*/nullptr, &dispatch_rules,
-  };
-  return api;
-}
+const BackendApi& backend_api() { return CutlassBackend<Arch>::api(); }
 
 }  // namespace nvfp4_gemm::sm120
