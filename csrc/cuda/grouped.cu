@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "common/convert_out.cuh"
+#include "cuda/decode.cuh"
 
 namespace nvfp4_gemm::generic {
 namespace {
@@ -61,17 +62,6 @@ __global__ void __launch_bounds__(kPrepThreads) grouped_prologue(const int32_t* 
   if (threadIdx.x == 0) tile_start[g] = carry[0];
 }
 
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  constexpr uint32_t kHalfUnits = 0xC8643210u;  // nibble i = 2 * magnitude(i), for i in 0..7
-  const float mag = 0.5f * static_cast<float>((kHalfUnits >> (4 * (code & 7))) & 0xF);
-  return (code & 8) ? -mag : mag;
-}
-
-__device__ __forceinline__ float e4m3_value(uint8_t bits) {
-  __nv_fp8_e4m3 v;
-  v.__x = bits;
-  return static_cast<float>(v);
-}
 
 // 8 e2m1 values (4 bytes, element 2i in the low nibble of byte i) times their scale, into column `row` of
 // rows kk0 .. kk0 + 7 of a [kTileK][ld] fp32 tile.
