@@ -256,6 +256,7 @@ def decode_step(model, forward, batch: int, args, timer: Timer) -> dict:
 
 
 KERNEL_CLASSES = (  # first match wins, on the lower-case kernel (GPU) or op (CPU) name
+    ("collective", ("nccl", "all_reduce", "allreduce", "one_shot", "all_gather")),
     ("attention", ("flash", "fmha", "attention", "attn", "softmax")),
     ("quantize", ("quantize", "quant_a", "dynamic_scales", "static_scales", "zero_counters", "input_scales")),
     ("gemm", ("gemm", "small_m_kernel", "xmma", "cutlass", "gemv", "decode_kernel", "decode_a_kernel", "order_a16",
@@ -286,7 +287,7 @@ def profile_step(step, device: torch.device) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
     want = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
-    classes = {c: {"ms": 0.0, "count": 0} for c in ("gemm", "attention", "quantize", "other")}
+    classes = {c: {"ms": 0.0, "count": 0} for c in [k for k, _ in KERNEL_CLASSES] + ["other"]}
     top = []
     linear_calls = 0
     for e in prof.key_averages():

@@ -20,6 +20,10 @@ Variants (the same random weights, seeded, for every variant; one model alive at
                      weight-only (routers, norms, embeddings and lm_head stay bf16)
   dynamic            W4A4 with per-call input scales (attention and experts)
   static             W4A4 with static input scales from one 256-token calibration forward (each expert its own)
+  humming            the wo model with each experts module's two grouped GEMMs run by humming-kernels 0.1.20's
+                     MoE W4A16 (grouped-contiguous, on the same NVFP4 expert weights) instead of grouped_mm; the
+                     routing, gather, SiLU-and-multiply and combine are wo's own code, attention the same
+                     NVFP4Linear layers: the difference is the experts' GEMMs alone
 Memory per NVFP4 variant: the bf16 model's bytes, the NVFP4 model's, and the peak during quantization
 (torch.cuda.max_memory_allocated over what the bf16 model held before it: issue 41's <= 1.3x).
 """
@@ -44,7 +48,7 @@ import nvfp4_gemm  # noqa: E402
 from _timing import Timer, md_table, parse_choices, run_meta  # noqa: E402
 from bench_generate import Clock, decode_step, model_bytes, parse_ints, prefill, token_ids  # noqa: E402
 
-VARIANTS = ("bf16", "bf16_batched_mm", "wo", "dynamic", "static")
+VARIANTS = ("bf16", "bf16_batched_mm", "wo", "dynamic", "static", "humming")
 # Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B), random weights.
 CONFIG_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                       num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -59,6 +63,7 @@ CONFIG_SMOKE = dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_
 TARGETS = (
     ("decode step batch 1 <= 3.4 ms", "wo", ("ms", 1), ("<=", 3.4)),
     ("decode step batch 1: bf16 / variant >= 2.0", "wo", ("speedup", 1), (">=", 2.0)),
+    ("decode step batch 1: humming / variant >= 1.10", "wo", ("humming_over", 1), (">=", 1.10)),
     ("decode step batch 16 <= 12.6 ms", "wo", ("ms", 16), ("<=", 12.6)),
     ("decode step batch 16: bf16 / variant >= 1.8", "wo", ("speedup", 16), (">=", 1.8)),
     ("prefill 2048 <= 80 ms", "wo", ("prefill_ms", None), ("<=", 80.0)),
@@ -109,6 +114,47 @@ def quantize(model, mode: str, device: torch.device, args) -> dict:
     out["nvfp4_model_gb"] = model_bytes(model) / 1e9
     out["experts_modules"] = sum(isinstance(m, moe.NVFP4Experts) for m in model.modules())
     return out
+
+
+def use_humming_experts(model) -> int:
+    """Routes every NVFP4Experts module's grouped GEMMs through humming-kernels' MoE W4A16 on the same
+    weights (bench_moe.humming_moe: the copy into humming's schema is verified there); returns the modules."""
+    from bench_moe import humming_moe
+    from _timing import humming_reason
+    from nvfp4_gemm import moe
+    from nvfp4_gemm.formats import from_blocked
+
+    why = humming_reason(next(model.parameters()).device)
+    if why:
+        raise RuntimeError(why)
+    count = 0
+    for mod in model.modules():
+        if not isinstance(mod, moe.NVFP4Experts):
+            continue
+        if not mod.weight_only or mod.plan()["own_alphas"]:
+            raise RuntimeError("humming variant: weight-only experts whose gate and up share weight_scale_2 only")
+        e, h, i = mod.num_experts, mod.hidden_dim, mod.intermediate_dim
+        lin13 = torch.stack([from_blocked(mod.gate_up_proj_weight_scale[x], 2 * i, h) for x in range(e)])
+        lin2 = torch.stack([from_blocked(mod.down_proj_weight_scale[x], h, i) for x in range(e)])
+        layers = {"gate_up_proj": humming_moe(mod.gate_up_proj, lin13, mod.gate_up_proj_weight_scale_2[:, 0],
+                                              torch.bfloat16),
+                  "down_proj": humming_moe(mod.down_proj, lin2, mod.down_proj_weight_scale_2, torch.bfloat16)}
+        object.__setattr__(mod, "_humming", layers)
+        count += 1
+    if count:
+        original = moe._gemm
+
+        def gemm(mod, which, x, routing, gather, out_dtype, part=None):
+            layers = mod.__dict__.get("_humming")
+            if layers is None or part is not None:
+                return original(mod, which, x, routing, gather, out_dtype, part)
+            a = x if gather is None else x[gather]
+            layout = torch.cat([routing.offs.new_zeros(1), routing.offs]).to(torch.int64)
+            return layers[which](a, expert_layout=layout, compute_config={"gemm_type": "grouped_contiguous"})
+
+        moe._gemm = gemm
+        model._humming_restore = lambda: setattr(moe, "_gemm", original)
+    return count
 
 
 def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline: dict) -> dict:
@@ -169,6 +215,13 @@ def add_ratios(rows: list[dict], batches: list[int]) -> None:
                 r[f"speedup_b{b}"] = a / t
         if base.get("prefill_ms") and r.get("prefill_ms"):
             r["prefill_ratio"] = r["prefill_ms"] / base["prefill_ms"]
+    hum = next((r for r in rows if r["variant"] == "humming"), None)
+    if hum is not None:
+        for r in rows:
+            for b in batches:
+                a, t = hum.get(f"step_ms_b{b}"), r.get(f"step_ms_b{b}")
+                if a and t:
+                    r[f"humming_over_b{b}"] = a / t
 
 
 def evaluate_targets(rows: list[dict]) -> list[dict]:
@@ -187,11 +240,13 @@ def report(meta: dict, rows: list[dict], targets: list[dict], batches: list[int]
         return "-" if x is None else f"{x:.{d}f}"
 
     head = ["variant"] + [f"step b{b} ms" for b in batches] + [f"x bf16 b{b}" for b in batches] + \
+        [f"humming / variant b{b}" for b in batches] + \
         ["prefill ms", "prefill / bf16", "rel err b1", "top1 b1", "GB", "quant peak / bf16"]
     body = []
     for r in rows:
         body.append([r["variant"]] + [f(r.get(f"step_ms_b{b}"), 3) for b in batches] +
                     [f(r.get(f"speedup_b{b}")) for b in batches] +
+                    [f(r.get(f"humming_over_b{b}")) for b in batches] +
                     [f(r.get("prefill_ms")), f(r.get("prefill_ratio")), f(r.get("rel_err_vs_bf16_b1"), 4),
                      f(r.get("top1_vs_bf16_b1")), f(r.get("nvfp4_model_gb") or r.get("bf16_model_gb")),
                      f(r.get("quantize_peak_ratio"))])
@@ -231,7 +286,7 @@ def main(argv=None) -> int:
             raise SystemExit("bench_moe_model needs a CUDA device (--smoke runs the script's logic on the CPU)")
         device = torch.device("cuda")
         defaults = dict(layers=48, batch="1,16,64", context=512, prefill=2048, replays=20, compile="inductor",
-                        variants="bf16,wo,dynamic,static")
+                        variants="bf16,wo,dynamic,static,humming")
         if args.quick:
             defaults.update(layers=4, batch="1,16", replays=10, variants="bf16,wo,dynamic")
     for k, v in defaults.items():
@@ -267,7 +322,7 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(dict(meta=meta, rows=rows, targets=evaluate_targets(rows), report=text), f, indent=1)
 
-    mode_of = {"wo": "weight_only", "dynamic": "dynamic", "static": "static"}
+    mode_of = {"wo": "weight_only", "dynamic": "dynamic", "static": "static", "humming": "weight_only"}
     for variant in variants:
         impl = "batched_mm" if variant == "bf16_batched_mm" else "grouped_mm"
         print(f"  {variant}: building {args.layers} layers", flush=True)
@@ -277,7 +332,19 @@ def main(argv=None) -> int:
             extra = quantize(model, mode_of[variant], device, args)
             print(f"  {variant}: quantized in {extra['quantize_s']:.1f} s, {extra['nvfp4_model_gb']:.2f} GB "
                   f"(bf16 {extra['bf16_model_gb']:.2f} GB)", flush=True)
-        rec = time_variant(variant, model, args, timer, clock, baseline)
+        if variant == "humming":
+            try:
+                extra["humming_experts_modules"] = use_humming_experts(model)
+            except Exception as e:  # noqa: BLE001 - the other variants' figures stand
+                rows.append(dict(variant=variant, error=f"{type(e).__name__}: {str(e)[:200]}"))
+                print(f"  {variant}: unavailable: {e}", flush=True)
+                del model
+                gc.collect()
+                continue
+        try:
+            rec = time_variant(variant, model, args, timer, clock, baseline)
+        finally:
+            getattr(model, "_humming_restore", lambda: None)()
         rec.update(extra)
         rows.append(rec)
         add_ratios(rows, args.batch)

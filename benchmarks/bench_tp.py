@@ -296,19 +296,66 @@ def check_moe(args, world, dev, mesh) -> None:
                         family="qwen3_moe")
     nvfp4_gemm.quantize_model(model, weight_only=True, progress=False)
     ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(4)).to(dev)
+    block = model.model.layers[0].mlp
+    seen = {}
+    hook = block.register_forward_hook(lambda mod, inp, out: seen.update(x=inp[0].detach(), y=out.detach()))
     with torch.no_grad():
         ref = model(ids).logits
+    hook.remove()
     from torch.distributed.tensor.parallel import parallelize_module
 
     parallel.tensor_parallel(model, mesh)
     parallelize_module(model, mesh, {"model.layers.*.mlp.experts": parallel.ExpertParallel()})
-    experts = model.model.layers[0].mlp.experts
+    experts = block.experts
     with torch.no_grad():
         logits = model(ids).logits
-    record(args, part="check", model=f"qwen3-moe-shapes x{args.layers_moe} layers", mode="weight_only attention, "
-           f"{args.dtype} experts EP", world=world, local_experts=experts.num_experts,
-           experts_implementation=model.config._experts_implementation, **compare(logits, ref))
+        y = block(seen["x"])  # the expert-parallel block on the one-process input: only the sum order differs
+    block_cmp = {f"block0_{k}": v for k, v in compare(y, seen["y"]).items()}
+    record(args, part="check", model=f"qwen3-moe-shapes x{args.layers_moe} layers",
+           mode="weight_only: attention tensor parallel, NVFP4 experts expert parallel", world=world,
+           experts_type=type(experts).__name__, local_experts=experts.num_experts, **block_cmp,
+           **compare(logits, ref))
     del model
+
+
+def check_generate(args, world, dev, mesh) -> None:
+    """A checkpoint (ModelOpt format, weight-only, Llama-3-8B shapes) saved by rank 0, loaded by every rank
+    with from_pretrained(tp_plan="auto", device_mesh=) (each rank reads its shards only) and whole
+    (device=rank's GPU, TP=1), then greedy generate() on both: the tokens and the first step's logits."""
+    import tempfile
+
+    src = os.path.join(tempfile.gettempdir(), "bench_tp_checkpoint")
+    cfg = CONFIG_8B if dev.type == "cuda" else TINY
+    if RANK == 0:
+        model = float_llama(cfg, args.layers_8b, dev, args.dtype if dev.type == "cpu" else torch.float16, seed=7)
+        nvfp4_gemm.quantize_model(model, weight_only=True, progress=False)
+        nvfp4_gemm.save_pretrained(model, src, format="modelopt", progress=False)
+        del model
+    dist.barrier()
+    cuda = dev.type == "cuda"
+    ids = torch.randint(0, cfg["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(8)).to(dev)
+    runs = {}
+    for name, kw in (("tp1", {}), ("tp2", dict(tp_plan="auto", device_mesh=mesh))):
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev) if cuda else 0
+        model = nvfp4_gemm.from_pretrained(src, device=dev, progress=False, **kw)
+        peak = torch.cuda.max_memory_allocated(dev) - base if cuda else 0
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+            out = model.generate(ids, max_new_tokens=16, do_sample=False)
+        runs[name] = dict(peak_load_gb=peak / 1e9, logits=logits, tokens=out[0, ids.shape[1]:].tolist(),
+                          sharded=parallel.is_sharded(model))
+        del model
+    a, b = runs["tp2"], runs["tp1"]
+    first = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
+    record(args, part="check", model=f"llama-8B-shapes x{args.layers_8b} layers, ModelOpt checkpoint",
+           mode="weight_only from_pretrained + generate", world=world, tp2_sharded=a["sharded"],
+           peak_load_gb_tp1=round(b["peak_load_gb"], 3), peak_load_gb_tp2=round(a["peak_load_gb"], 3),
+           tokens_tp1=b["tokens"], tokens_tp2=a["tokens"], tokens_equal=a["tokens"] == b["tokens"],
+           first_token_difference=first, **compare(a["logits"], b["logits"]))
 
 
 # ------------------------------------------------------------------------------------------ decode
@@ -372,7 +419,7 @@ def decode(args, world: int, dev: torch.device, mesh) -> None:
     import bench_generate as bg
     from _timing import Timer
 
-    ns = argparse.Namespace(context=args.context, replays=args.replays, profile=False, batch=[1])
+    ns = argparse.Namespace(context=args.context, replays=args.replays, profile=args.profile, batch=[1])
     timer = Timer(dev, args.replays)
     cfg = CONFIG_70B if dev.type == "cuda" else TINY
     results = {}
@@ -389,16 +436,19 @@ def decode(args, world: int, dev: torch.device, mesh) -> None:
                 parallel.use_symmetric_memory(None, enable=False)
                 if allreduce == "symm":
                     parallel.use_symmetric_memory(None, max_elements=1 << 20,
-                                                  dtypes=(torch.float32, torch.float16))
+                                                  dtypes=(torch.float32,))
+                base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
                 model = decode_model(cfg, args.layers_70b, kind, tp, mesh, dev, seed=5)
                 if dev.type == "cuda":
-                    rec["model_gb_per_rank"] = round(torch.cuda.memory_allocated(dev) / 1e9, 2)
+                    rec["model_gb_per_rank"] = round((torch.cuda.memory_allocated(dev) - base) / 1e9, 2)
                 torch._dynamo.reset()
                 forward = torch.compile(model, dynamic=False) if args.compile and dev.type == "cuda" else model
                 out = bg.decode_step(model, forward, 1, ns, timer)
                 rec["step_ms"] = round(out["ms"], 3)
                 rec["compile_and_capture_s"] = round(out.get("compile_and_capture_s", 0.0), 1)
                 rec["finite"] = bool(torch.isfinite(out["logits"]).all())
+                if "profile" in out:
+                    rec["profile"] = out["profile"]
                 results[name] = out["ms"]
                 del model, forward, out
                 torch._dynamo.reset()
@@ -438,6 +488,8 @@ def main() -> int:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--watchdog", type=float, default=30.0, help="seconds per diag step before exiting")
     p.add_argument("--decode-watchdog", type=float, default=300.0, help="seconds per check model / decode variant")
+    p.add_argument("--profile", action="store_true", help="decode: one eager call of each compiled step under "
+                   "torch.profiler (GPU time per kernel class, the largest kernels)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     parts = [s for s in args.part.split(",") if s]
@@ -467,6 +519,13 @@ def main() -> int:
             for mode in ("weight_only", "dynamic"):
                 with watchdog(f"check llama {mode}", args.decode_watchdog):
                     check_llama(args, world, dev, mesh, mode)
+            with watchdog("check load + generate", args.decode_watchdog):
+                try:
+                    check_generate(args, world, dev, mesh)
+                except Exception as e:  # noqa: BLE001
+                    record(args, part="check", model="load + generate", error=f"{type(e).__name__}: {e}")
+                    if RANK == 0:
+                        traceback.print_exc()
             with watchdog("check qwen3-moe", args.decode_watchdog):
                 try:
                     check_moe(args, world, dev, mesh)

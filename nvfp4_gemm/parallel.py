@@ -291,13 +291,24 @@ def use_symmetric_memory(group=None, max_elements: int = 1 << 20, device: torch.
         buf = symm_mem.empty(max_elements, dtype=dtype, device=device)
         symm_mem.rendezvous(buf, name)
         try:  # the one-shot kernel does not take every dtype; every rank fails alike, so this stays collective
-            torch.ops.symm_mem.one_shot_all_reduce_copy(buf, torch.zeros(16, dtype=dtype, device=device), "sum", name)
+            torch.ops.symm_mem.one_shot_all_reduce_copy(_head(buf, (16,)), torch.zeros(16, dtype=dtype, device=device),
+                                                        "sum", name)
             torch.cuda.synchronize(device)
-        except RuntimeError as e:
-            log.warning("symmetric-memory one-shot all-reduce refuses %s (%s): such tensors go through float32",
-                        dtype, e)
+        except (RuntimeError, NotImplementedError) as e:
+            log.warning("symmetric-memory one-shot all-reduce refuses %s (%s): %s", dtype, e,
+                        "such tensors go through NCCL" if dtype == torch.float32
+                        else "such tensors go through the float32 buffer, if one is registered")
             continue
         _SYMM[(name, dtype)] = buf
+
+
+def _head(buf: torch.Tensor, shape) -> torch.Tensor:
+    """The first numel(shape) elements of a symmetric buffer viewed as `shape`: the one-shot kernel takes a
+    buffer of the local input's shape (a view at offset 0 of the registered allocation)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return buf[:n].view(shape)
 
 
 def all_reduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
@@ -307,10 +318,11 @@ def all_reduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
     if _SYMM and t.is_cuda:
         buf = _SYMM.get((name, t.dtype))
         if buf is not None and t.numel() <= buf.numel():
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t.contiguous(), "sum", name)
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(_head(buf, t.shape), t.contiguous(), "sum", name)
         buf = _SYMM.get((name, torch.float32))
         if buf is not None and t.dtype in (torch.float16, torch.bfloat16) and t.numel() <= buf.numel():
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t.float(), "sum", name).to(t.dtype)
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(_head(buf, t.shape), t.float(), "sum",
+                                                               name).to(t.dtype)
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(t.contiguous(), "sum", name))
 
 

@@ -510,18 +510,23 @@ def _bench_worker(rank, world):
 
     bench_tp.RANK, bench_tp.RECORDS[:] = rank, []
     args = argparse.Namespace(layers_8b=1, layers_moe=1, layers_70b=1, context=8, replays=2, compile=False,
-                              decode_watchdog=300.0, json=None, dtype=torch.float32,
+                              decode_watchdog=300.0, json=None, dtype=torch.float32, profile=False,
                               variants="nvfp4-tp1,nvfp4-tp2-nccl,fp16-tp2-nccl")
     dev, mesh = torch.device("cpu"), DeviceMesh.from_group(dist.group.WORLD, "cpu")
     bench_tp.check_llama(args, world, dev, mesh, "dynamic")
     bench_tp.check_moe(args, world, dev, mesh)
+    bench_tp.check_generate(args, world, dev, mesh)
     bench_tp.decode(args, world, dev, mesh)
     recs = bench_tp.RECORDS
-    assert [r["part"] for r in recs] == ["check", "check", "decode", "decode", "decode", "targets"], recs
+    assert [r["part"] for r in recs] == ["check"] * 3 + ["decode"] * 3 + ["targets"], recs
     assert not [r for r in recs if "error" in r], recs
     assert recs[0]["spec_ok"] and recs[0]["top1_agree"] == 1.0 and recs[1]["top1_agree"] == 1.0, recs[:2]
     assert recs[1]["local_experts"] == TINY_EXPERTS // world, recs[1]
-    assert all(r["finite"] for r in recs[2:5]), recs[2:5]
+    # the expert-parallel block on the one-process input: the per-token sums are exact in fp32 here
+    assert recs[1]["experts_type"] == "NVFP4Experts" and recs[1]["block0_norm_rel"] < 1e-6, recs[1]
+    gen = recs[2]
+    assert gen["tp2_sharded"] and gen["tokens_equal"] and len(gen["tokens_tp2"]) == 16, gen
+    assert all(r["finite"] for r in recs[3:6]), recs[3:6]
 
 
 TINY_EXPERTS = 8
