@@ -115,6 +115,10 @@ def shape_problem(hidden: int, inter: int) -> str | None:
 class NVFP4Experts(nn.Module):
     """Routed experts in NVFP4 (module docstring): a drop-in for transformers' experts modules."""
 
+    # Under nvfp4_gemm.parallel.ExpertParallel, forward returns its float32 per-token sums (not rounded to the
+    # input's dtype): the ranks' partial sums are all-reduced in float32 and rounded once, as one process does.
+    expert_parallel_float32_output = True
+
     def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, *, act_fn: nn.Module | None = None,
                  weight_only: bool = False, static_input_scale: bool = False,
                  device: torch.device | str | None = None) -> None:
@@ -438,7 +442,8 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
     inv = torch.empty_like(routing.perm)
     inv.scatter_(0, routing.perm, torch.arange(routing.s, device=x.device, dtype=routing.perm.dtype))
     y = down[inv].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
-    return y.sum(dim=1).to(dtype)
+    y = y.sum(dim=1)
+    return y if mod.__dict__.get("_ep_float32_output", False) else y.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------

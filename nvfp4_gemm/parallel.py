@@ -694,6 +694,8 @@ class ExpertParallel(ParallelStyle):
     The others' slots get transformers' sentinel id (num_experts local) where the module skips it: its own
     experts modules (transformers.*), or a module whose `expert_parallel_sentinel` attribute is True;
     otherwise (route_to_local's sentinel=False) local expert 0 with weight 0.
+    A module whose `expert_parallel_float32_output` attribute is True (nvfp4_gemm.moe.NVFP4Experts) returns its
+    float32 per-token sums instead, so that the sum over the ranks is rounded once (to the hidden states' dtype).
     The module gets `ep_all_reduce_max(t)` (the elementwise max of t over the ranks, a functional collective):
     a module whose dynamic W4A4 input scale comes from the amax of ALL experts' rows (the down projection's
     input) must pass its local amax through it for the one-process scales. A dynamic W4A4 module that does
@@ -735,8 +737,13 @@ class ExpertParallel(ParallelStyle):
             idx, weights = route_to_local(idx, weights, rank, world, num, sentinel)
             return (hidden, idx, weights, *rest), kwargs
 
+        # A module declaring expert_parallel_float32_output returns float32 sums here: one rounding, after
+        # the all-reduce, to the input's dtype; any other module's output was rounded once already.
+        if getattr(module, "expert_parallel_float32_output", False):
+            object.__setattr__(module, "_ep_float32_output", True)
+
         def post(mod, args, kwargs, out):
-            return all_reduce_sum(out.float(), group).to(out.dtype)
+            return all_reduce_sum(out.float(), group).to(args[0].dtype)
 
         module.register_forward_pre_hook(pre, with_kwargs=True)
         module.register_forward_hook(post, with_kwargs=True)

@@ -422,6 +422,44 @@ def _experts_worker(rank, world):
     assert mags.gt(0).all()
 
 
+def _nvfp4_experts_worker(rank, world):
+    """NVFP4Experts (a transformers Qwen3-MoE experts module quantized weight-only) in bfloat16 under
+    ExpertParallel: each rank's float32 partial sums are all-reduced and rounded once, so the output is the
+    one-process output up to the grouping of each token's fp32 sum (at most one bf16 ulp, almost all equal)."""
+    transformers = pytest.importorskip("transformers")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from nvfp4_gemm import moe
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                      num_experts=8, num_experts_per_tok=3, tie_word_embeddings=False)
+    torch.manual_seed(11)
+    flt = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).model.layers[0].mlp.experts
+    with torch.no_grad():
+        for p in flt.parameters():
+            p.normal_(0, p.shape[-1] ** -0.5)
+    whole = moe.NVFP4Experts.from_float(flt, weight_only=True)
+    ep = moe.NVFP4Experts.from_float(flt, weight_only=True)
+    g = torch.Generator().manual_seed(12)
+    hidden = torch.randn(37, 128, generator=g).to(torch.bfloat16)
+    w, idx = torch.softmax(torch.randn(37, 8, generator=g), -1).topk(3, dim=-1)
+    with torch.no_grad():
+        ref = whole(hidden, idx, w.to(torch.bfloat16))
+        parallelize_module(ep, init_device_mesh("cpu", (world,)), parallel.ExpertParallel())
+        out = ep(hidden, idx, w.to(torch.bfloat16))
+    assert ep.num_experts == 4 and out.dtype == torch.bfloat16 and ref.dtype == torch.bfloat16
+    ulp = torch.finfo(torch.bfloat16).eps * ref.float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert ((out.float() - ref.float()).abs() <= ulp).all(), float((out.float() - ref.float()).abs().max())
+    # two roundings (each rank's output rounded, then the sum) would differ in a few percent of the values
+    assert (out == ref).float().mean() > 0.99, float((out == ref).float().mean())
+
+
+def test_nvfp4_experts_expert_parallel_rounds_once(pool):
+    pool.run(_nvfp4_experts_worker)
+
+
 def test_expert_parallel_per_expert_tensors(pool):
     """8 NVFP4 experts over 2 ranks (ExpertParallel on a module with transformers' experts interface): each
     rank holds its 4 experts' tensors; the all-reduced output is the one-process output up to the grouping
