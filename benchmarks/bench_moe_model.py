@@ -144,13 +144,17 @@ def use_humming_experts(model) -> int:
     if count:
         original = moe._gemm
 
+        @torch.compiler.disable  # humming's layer is not traced: a graph break (the step is captured by hand)
+        def run(layer, a, layout):
+            return layer(a, expert_layout=layout, compute_config={"gemm_type": "grouped_contiguous"})
+
         def gemm(mod, which, x, routing, gather, out_dtype, part=None):
             layers = mod.__dict__.get("_humming")
             if layers is None or part is not None:
                 return original(mod, which, x, routing, gather, out_dtype, part)
             a = x if gather is None else x[gather]
             layout = torch.cat([routing.offs.new_zeros(1), routing.offs]).to(torch.int64)
-            return layers[which](a, expert_layout=layout, compute_config={"gemm_type": "grouped_contiguous"})
+            return run(layers[which], a, layout)
 
         moe._gemm = gemm
         model._humming_restore = lambda: setattr(moe, "_gemm", original)
