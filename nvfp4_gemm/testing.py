@@ -468,11 +468,12 @@ def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -
 # not the environment, so that one process can switch between entries and split counts.
 @contextlib.contextmanager
 def forced(backend: str | None = None, config: str | None = None, splits: int | None = None):
-    """Within the block, every mm / linear call in this process runs the forced backend ("auto", "generic",
-    "sm90", "sm100"), the forced config (by name, nvfp4_gemm.configs()) and, on the split kernels (sm90), the
-    forced K split count (0: the plan's own); what is not given stays as it was (an outer forced() block, else
-    NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG). A forced choice that cannot run a problem is an error naming why.
-    Process-wide: not for use while other threads call mm with other intentions."""
+    """Within the block, every mm / linear / grouped_mm call in this process runs the forced backend ("auto",
+    "generic", "sm90", "sm100"), the forced config (by name, nvfp4_gemm.configs(), or
+    nvfp4_gemm.grouped.grouped_configs() for grouped_mm, to which a dense config does not apply) and, on the dense
+    split kernels (sm90), the forced K split count (0: the plan's own); what is not given stays as it was (an outer
+    forced() block, else NVFP4_GEMM_BACKEND / NVFP4_GEMM_CONFIG). A forced choice that cannot run a problem is an
+    error naming why. Process-wide: not for use while other threads call mm with other intentions."""
     op = torch.ops.nvfp4_gemm._force
     prev = op("", "", 0)
     op(prev[0], prev[1], prev[2])
@@ -487,9 +488,9 @@ def forced(backend: str | None = None, config: str | None = None, splits: int | 
 
 @contextlib.contextmanager
 def recorded_choices():
-    """Within the block, records what each CUDA mm / linear GEMM call ran: the yielded list receives, on exit,
-    one line per call as NVFP4_GEMM_PRINT_CONFIGS prints them ("sm90:<config> m=1 n=4096 k=4096 out=0",
-    "generic m=..."), in call order."""
+    """Within the block, records what each CUDA mm / linear / grouped_mm GEMM call ran: the yielded list receives,
+    on exit, one line per call as NVFP4_GEMM_PRINT_CONFIGS prints them ("sm90:<config> m=1 n=4096 k=4096 out=0",
+    "generic m=...", "grouped sm90:<config> a=e2m1 T=.. N=.. K=.. G=.. out=0"), in call order."""
     op = torch.ops.nvfp4_gemm._record_choices
     op(True)
     lines: list[str] = []

@@ -1,4 +1,5 @@
-"""The dispatch tables as the arch modules report them (no GPU needed: the modules load on any machine)."""
+"""The dispatch tables as the arch modules report them, and grouped_mm's dispatch decision under forcing (no GPU
+needed: the modules load on any machine)."""
 from __future__ import annotations
 
 import re
@@ -65,3 +66,103 @@ def test_forced_nests_and_restores():
     with pytest.raises(RuntimeError, match=r"splits must be in \[0, 2\^20\]"):
         op("", "", -1)
     assert current() == ("", "", 0)
+
+
+# ---------------------------------------------------------------------- grouped_mm under the same resolver
+
+def _grouped_choice():
+    """torch.ops.nvfp4_gemm._grouped_choice(sm, t, n, k, g, a): grouped_mm's dispatch decision (the resolver over the
+    registered grouped tables, under the forcing in effect) for a device of SM `sm`, without one; CUDA builds only."""
+    import pytest
+    import torch
+
+    op = getattr(torch.ops.nvfp4_gemm, "_grouped_choice", None)
+    if op is None:
+        pytest.skip("a CPU-only build: grouped_mm's CUDA dispatch is not compiled")
+    return op
+
+
+def test_grouped_forcing_errors_follow_mm_wording(monkeypatch):
+    """grouped_mm resolves through mm's resolver: the same errors, worded as mm's (tests/test_errors.py), for an
+    unknown backend name, a backend not compiled, a backend with no grouped kernels and an unknown config name."""
+    import pytest
+
+    from nvfp4_gemm.grouped import grouped_backends
+    from nvfp4_gemm.testing import forced
+
+    op = _grouped_choice()
+    monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+    with forced(backend="sm75"), pytest.raises(RuntimeError, match=r"nvfp4_gemm: forced backend must be one of auto, "
+                                                                    r"generic, sm90, sm100, sm120 .*got 'sm75'"):
+        op(90, 64, 128, 256, 4, "e2m1")
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm75")
+    with pytest.raises(RuntimeError, match=r"NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100, sm120 "
+                                           r"\(cpu is chosen by putting the tensors on the CPU\), got 'sm75'"):
+        op(90, 64, 128, 256, 4, "e2m1")
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "auto")
+    monkeypatch.setenv("NVFP4_GEMM_CONFIG", "no_such_config")
+    with pytest.raises(RuntimeError, match=r"NVFP4_GEMM_CONFIG=no_such_config names no compiled grouped kernel config; "
+                                           r"nvfp4_gemm.grouped.grouped_configs\(\) lists them"):
+        op(90, 64, 128, 256, 4, "e2m1")
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG")
+    for name, archs in (("sm90", "9.0a"), ("sm100", None), ("sm120", None)):
+        if name in grouped_backends():
+            continue
+        monkeypatch.setenv("NVFP4_GEMM_BACKEND", name)
+        if archs is None:
+            want = rf"NVFP4_GEMM_BACKEND={name} but that backend has no grouped kernels; force generic or auto"
+        else:
+            want = (rf"NVFP4_GEMM_BACKEND={name} but that backend was not compiled into this build; rebuild with "
+                    rf"NVFP4_GEMM_CUDA_ARCHS={archs}")
+        with pytest.raises(RuntimeError, match=want):
+            op(90, 64, 128, 256, 4, "e2m1")
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "generic")
+    assert op(90, 64, 128, 256, 4, "e2m1") == "generic:grouped_simt_64x64"
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "auto")
+    assert op(100, 64, 128, 256, 4, "e2m1") == "generic:grouped_simt_64x64"
+
+
+def test_grouped_forcing_on_sm90(monkeypatch):
+    """With sm90's grouped kernels in the build (no GPU needed: the decision only): automatic dispatch, a forced
+    backend or config that cannot run the problem is an error naming why, a grouped config of a device it cannot
+    run on, and a forced dense config, which names no grouped kernel: grouped_mm then follows the forced backend /
+    automatic dispatch."""
+    import pytest
+
+    from nvfp4_gemm.grouped import grouped_backends, grouped_configs
+    from nvfp4_gemm.testing import forced
+
+    op = _grouped_choice()
+    if "sm90" not in grouped_backends():
+        pytest.skip("this build has no sm90 grouped kernels")
+    monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+    t8, t16, _ = grouped_configs()["sm90"]
+    # Automatic: T <= 8 G the 8-token config, above the 16-token one; generic where sm90 cannot run it.
+    assert op(90, 32, 128, 256, 4, "e2m1") == f"sm90:{t8}"
+    assert op(90, 33, 128, 256, 4, "bf16") == f"sm90:{t16}"
+    assert op(90, 64, 128, 96, 4, "e2m1") == "generic:grouped_simt_64x64"  # K % 256 != 0
+    assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
+    with forced(backend="sm90"):
+        assert op(90, 64, 128, 256, 4, "e2m1") == f"sm90:{t16}"
+        with pytest.raises(RuntimeError, match=r"nvfp4_gemm: forced backend=sm90 has no grouped kernel for T=64 N=128 "
+                                               r"K=96 G=4: sm90 grouped: K must be a positive multiple of 256"):
+            op(90, 64, 128, 96, 4, "e2m1")
+        with pytest.raises(RuntimeError, match=r"forced backend=sm90 \(sm_90a\) cannot run on this SM 10.0 device"):
+            op(100, 64, 128, 256, 4, "e2m1")
+    with forced(config=t8):
+        assert op(90, 64, 128, 256, 4, "e2m1") == f"sm90:{t8}"  # not select's pick: the forced one
+        with pytest.raises(RuntimeError, match=rf"forced config={t8} cannot run T=64 N=128 K=256 G=4: sm90 grouped: A "
+                                               r"must be packed NVFP4, float16 or bfloat16"):
+            op(90, 64, 128, 256, 4, "f32")
+        with pytest.raises(RuntimeError, match=rf"forced config={t8} belongs to backend sm90 \(sm_90a\), which cannot "
+                                               r"run on this SM 12.0 device"):
+            op(120, 64, 128, 256, 4, "e2m1")
+    dense = nvfp4_gemm.configs()["sm90"][0]
+    with forced(config=dense):
+        assert op(90, 64, 128, 256, 4, "e2m1") == f"sm90:{t16}"
+        with forced(backend="generic"):
+            assert op(90, 64, 128, 256, 4, "e2m1") == "generic:grouped_simt_64x64"
+        with forced(backend="sm90"), pytest.raises(RuntimeError, match=r"forced backend=sm90 has no grouped kernel"):
+            op(90, 64, 128, 96, 4, "e2m1")

@@ -15,7 +15,7 @@ import torch
 
 import nvfp4_gemm
 from nvfp4_gemm.formats import SF_VEC, round_up, to_blocked
-from nvfp4_gemm.grouped import grouped_backends, grouped_sfa_rows
+from nvfp4_gemm.grouped import grouped_backends, grouped_configs, grouped_sfa_rows
 from nvfp4_gemm.quantize import finite_amax
 from nvfp4_gemm.testing import case_seed
 from nvfp4_gemm.testing_grouped import (
@@ -163,8 +163,6 @@ def test_opcheck(gbackend):
 
 
 def test_grouped_backends_listing():
-    from nvfp4_gemm.grouped import grouped_configs
-
     configs = grouped_configs()
     assert set(configs) == set(grouped_backends())
     for name, names in configs.items():
@@ -645,3 +643,65 @@ if os.environ.get("NVFP4_GEMM_GROUPED_SLOW"):  # a larger sweep for the GPU mach
             inputs = make_grouped_inputs(case, device, seed=gseed(case))
             args, kwargs = op_args(inputs)
             grouped_reference(inputs).check(nvfp4_gemm.grouped_mm(*args, **kwargs), case.id)
+
+
+@requires_cuda
+def test_recorded_choices_include_grouped(monkeypatch):
+    """nvfp4_gemm.testing.recorded_choices records what each grouped_mm call ran as it records mm's, in one list in
+    call order: "grouped <backend>:<config> a=<A> T=.. N=.. K=.. G=.. out=..", the generic path as
+    "grouped generic:grouped_simt_64x64"."""
+    from nvfp4_gemm.testing import Case, forced, make_inputs, recorded_choices
+
+    monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+    args, kwargs = op_args(make_grouped_inputs(GroupedCase(40, 32, 256, 4), "cuda", seed=3))
+    dense = make_inputs(Case(8, 32, 256), "cuda")
+    major, minor = torch.cuda.get_device_capability()
+    on_sm90 = "sm90" in grouped_backends() and "sm90" in torch.ops.nvfp4_gemm._backends_for_sm(major * 10 + minor)
+    with recorded_choices() as lines:
+        with forced(backend="generic"):
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+            nvfp4_gemm.mm(**dense)
+        with forced(backend="auto"):
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+    torch.cuda.synchronize()
+    shape = "T=40 N=32 K=256 G=4 out=0"
+    auto = f"sm90:{grouped_configs()['sm90'][1]}" if on_sm90 else "generic:grouped_simt_64x64"
+    assert lines == [f"grouped generic:grouped_simt_64x64 a=e2m1 {shape}", "generic m=8 n=32 k=256 out=0",
+                     f"grouped {auto} a=e2m1 {shape}"], lines
+
+
+@requires_cuda
+def test_forcing_errors_match_mm(monkeypatch):
+    """grouped_mm refuses a wrong forcing with mm's words (tests/test_errors.py): an unknown backend or config name,
+    a backend that cannot run here; a forced dense config names no grouped kernel and leaves grouped_mm to auto."""
+    from nvfp4_gemm.testing import forced, recorded_choices
+
+    args, kwargs = op_args(make_grouped_inputs(GroupedCase(20, 16, 256, 2), "cuda", seed=5))
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "sm75")
+    with pytest.raises(RuntimeError, match=r"NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100, sm120 "
+                                           r".*got 'sm75'"):
+        nvfp4_gemm.grouped_mm(*args, **kwargs)
+    monkeypatch.setenv("NVFP4_GEMM_BACKEND", "auto")
+    monkeypatch.setenv("NVFP4_GEMM_CONFIG", "no_such_config")
+    with pytest.raises(RuntimeError, match=r"NVFP4_GEMM_CONFIG=no_such_config names no compiled grouped kernel config"):
+        nvfp4_gemm.grouped_mm(*args, **kwargs)
+    monkeypatch.delenv("NVFP4_GEMM_CONFIG")
+    major, minor = torch.cuda.get_device_capability()
+    here = torch.ops.nvfp4_gemm._backends_for_sm(major * 10 + minor)
+    for name, configs in grouped_configs().items():
+        if name in here:
+            continue
+        with forced(backend=name), pytest.raises(RuntimeError, match=rf"forced backend={name} \(.*\) cannot run on "
+                                                                     rf"this SM {major}.{minor} device"):
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+        with forced(config=configs[0]), pytest.raises(RuntimeError, match=rf"belongs to backend {name} \(.*\), which "
+                                                                          rf"cannot run on this SM {major}.{minor}"):
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+    for name, configs in nvfp4_gemm.configs().items():  # a dense config: grouped_mm runs as automatic dispatch does
+        with recorded_choices() as auto:
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+        with forced(config=configs[0]), recorded_choices() as lines:
+            nvfp4_gemm.grouped_mm(*args, **kwargs)
+        assert len(auto) == 1 and lines == auto, (name, auto, lines)

@@ -147,9 +147,10 @@ def test_built_module_lists_the_table():
 
 @pytest.mark.skipif(_CXX is None, reason="no C++ compiler found (CXX, c++ or g++)")
 def test_resolver(tmp_path):
-    """csrc/bindings/resolve.h over two fake arch tables (tests/sm90_host/resolve_test.cpp): a forced config or
-    backend that cannot run a problem is an error naming why for every op (a decline for an optional fused form),
-    wrong names are errors in both, automatic dispatch takes the first backend that selects."""
+    """csrc/bindings/resolve.h over two fake dense arch tables and a fake grouped one
+    (tests/sm90_host/resolve_test.cpp): a forced config or backend that cannot run a problem is an error naming why for every op (a decline for an
+    optional fused form), wrong names are errors in both, automatic dispatch takes the first backend that selects;
+    the grouped table under the same rules and words, a forced dense config not applying to it."""
     exe = str(tmp_path / "resolve_test")
     src = os.path.join(ROOT, "tests", "sm90_host", "resolve_test.cpp")
     build = subprocess.run([_CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", os.path.join(ROOT, "csrc"),

@@ -43,14 +43,19 @@ struct GroupedProblem {
 };
 
 // What an arch module adds for the grouped GEMM. Same conventions as BackendApi: plain C function
-// pointers, `why` / `err` filled on refusal.
-inline constexpr int32_t kGroupedAbiVersion = 1;
+// pointers, `why` / `err` filled on refusal. The binding layer picks a config through the same resolver as the
+// dense GEMM's (bindings/resolve.h).
+// v2: compiled_for and supports_sm, as BackendApi has them (the resolver's device check and messages).
+inline constexpr int32_t kGroupedAbiVersion = 2;
 
 struct GroupedBackendApi {
   int32_t abi_version;               // kGroupedAbiVersion
   const char* name;                  // the owning backend's name ("sm90", "sm100", ...)
+  const char* compiled_for;          // e.g. "sm_90a": the owning backend's dense table's
   int32_t num_configs;
   const char* const* config_names;   // procedural kernel names, one per grouped config
+  // Whether these kernels can run on a device of this SM version (the owning backend's dense table's rule).
+  bool (*supports_sm)(int32_t sm);
   int32_t (*select)(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len);
   bool (*can_run)(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char* why, size_t why_len);
   size_t (*workspace_bytes)(const GroupedProblem* p, int32_t config, const DeviceInfo* dev);

@@ -14,6 +14,7 @@
 #include "common/grouped.h"
 #include "common/pdl.h"
 #include "common/stream_slots.h"
+#include "sm90/backend.h"
 #include "sm90/grouped.h"
 #include "sm90/grouped_wk.cuh"
 
@@ -293,7 +294,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
   return true;
 }
 
-const char* dispatch_rules() {
+const char* grouped_dispatch_rules() {
   return "T <= 8 x G (average rows per group <= 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T > 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
          "forced by name only (slower than the 16-token config where measured): " NVFP4_SM90_GROUPED_NAME(32, 4, 1) "\n"
@@ -306,8 +307,10 @@ int set_forced_grouped_splits(int splits) { return forced_grouped_splits().excha
 bool set_workspace_counters_forced(bool on) { return workspace_counters_forced().exchange(on); }
 
 const GroupedBackendApi& grouped_api() {
-  static const GroupedBackendApi api = {kGroupedAbiVersion, "sm90",     kNumGrouped, kGroupedNames, &select,
-                                        &can_run,           &workspace_bytes, &run,  &dispatch_rules};
+  // The device rule and target are the dense table's: one module, one -gencode.
+  static const GroupedBackendApi api = {kGroupedAbiVersion, "sm90", backend_api().compiled_for, kNumGrouped,
+                                        kGroupedNames, backend_api().supports_sm, &select, &can_run,
+                                        &workspace_bytes, &run, &grouped_dispatch_rules};
   return api;
 }
 

@@ -1,19 +1,15 @@
 // CUDA implementation of nvfp4_gemm::grouped_mm / grouped_mm_out and of the grouped quantization's row kernel:
-// validate once, describe the problem (GroupedProblem), pick a backend (forced by NVFP4_GEMM_BACKEND /
-// NVFP4_GEMM_CONFIG, else the first arch module whose grouped table takes the problem on this device, else the
-// generic path), allocate its workspace through torch, launch on the current stream. offs and alpha stay on
-// the device: no host sync anywhere on this path, so the calls can be captured in a CUDA graph whose routing
-// changes between replays.
+// validate once, describe the problem (GroupedProblem), pick a backend through the resolver mm uses
+// (bindings/resolve.h: a forced backend or grouped config, else the first arch module whose grouped table takes
+// the problem on this device, else the generic path), allocate its workspace through torch, launch on the current
+// stream. offs and alpha stay on the device: no host sync anywhere on this path, so the calls can be captured in a
+// CUDA graph whose routing changes between replays.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "bindings/cuda/mm_cuda.h"
@@ -29,26 +25,10 @@ namespace {
 constexpr size_t kErrLen = 512;
 constexpr const char* kOp = "nvfp4_gemm.grouped_mm";
 
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
-struct Choice {
-  const GroupedBackendApi* api = nullptr;  // nullptr: the generic path
-  int32_t config = -1;
-};
+using Choice = nvfp4_gemm::Choice<GroupedBackendApi>;  // api nullptr: the generic path
 
 std::string choice_name(const Choice& c) {
   return c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic:grouped_simt_64x64";
-}
-
-// Whether the arch module behind a grouped table runs on this SM (its dense table says; a grouped table without
-// a dense one in this build is trusted to refuse in select / can_run).
-bool runs_here(const GroupedBackendApi* api, const DeviceInfo& dev) {
-  const BackendApi* dense = find_backend(api->name);
-  return dense == nullptr || dense->supports_sm(dev.sm);
 }
 
 std::string shape_text(const GroupedProblem& p) {
@@ -56,67 +36,24 @@ std::string shape_text(const GroupedProblem& p) {
          " G=" + std::to_string(p.g);
 }
 
+// The backend and config for `p` under the forcing in effect, by the rules mm's follow (resolve.h). A forced
+// config that names a dense kernel only does not apply here (resolve.h's for_table): the grouped call follows the
+// forced backend / automatic dispatch.
 Choice choose(const GroupedProblem& p, const DeviceInfo& dev) {
-  char why[kErrLen] = {0};
-  // The same forcing as mm and linear (resolve.h: nvfp4_gemm.testing.forced, else the environment). A forced
-  // dense config names no grouped kernel: the grouped call then follows the forced backend / auto.
-  const Forcing f = current_forcing();
-  const std::string& forced_config = f.config;
-  const std::string& forced = f.backend;
-  if (!forced_config.empty()) {
-    for (const GroupedBackendApi* api : grouped_backends()) {
-      for (int32_t i = 0; i < api->num_configs; ++i) {
-        if (forced_config != api->config_names[i]) continue;
-        TORCH_CHECK(runs_here(api, dev), "nvfp4_gemm: NVFP4_GEMM_CONFIG=", forced_config, " belongs to backend ",
-                    api->name, ", which cannot run on this SM ", dev.sm / 10, ".", dev.sm % 10, " device");
-        TORCH_CHECK(api->can_run(&p, i, &dev, why, kErrLen), "nvfp4_gemm: NVFP4_GEMM_CONFIG=", forced_config,
-                    " cannot run the grouped problem ", shape_text(p), ": ", why);
-        return Choice{api, i};
-      }
-    }
-  }
-  if (forced == "generic") return Choice{};
-  if (!forced.empty() && forced != "auto") {
-    bool known = false;
-    std::string valid = "auto, generic";
-    for (const auto& b : kArchBackends) {
-      known = known || forced == b.name;
-      valid += std::string(", ") + b.name;
-    }
-    TORCH_CHECK(known, "nvfp4_gemm: NVFP4_GEMM_BACKEND must be one of ", valid,
-                " (cpu is chosen by putting the tensors on the CPU), got '", forced, "'");
-    const GroupedBackendApi* api = nullptr;
-    for (const GroupedBackendApi* g : grouped_backends())
-      if (forced == g->name) api = g;
-    TORCH_CHECK(api != nullptr, "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced, " but this build has no grouped kernels "
-                "of that backend (registered grouped backends: ", grouped_backends().size(), "); unset it or use "
-                "generic for grouped_mm");
-    TORCH_CHECK(runs_here(api, dev), "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced, " cannot run on this SM ",
-                dev.sm / 10, ".", dev.sm % 10, " device");
-    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
-    TORCH_CHECK(cfg >= 0, "nvfp4_gemm: NVFP4_GEMM_BACKEND=", forced, " has no grouped kernel for ", shape_text(p),
-                ": ", why);
-    return Choice{api, cfg};
-  }
-  for (const GroupedBackendApi* api : grouped_backends()) {
-    if (!runs_here(api, dev)) continue;
-    const int32_t cfg = api->select(&p, &dev, why, kErrLen);
-    if (cfg >= 0) return Choice{api, cfg};
-  }
-  return Choice{};
+  const Forcing f = for_table(current_forcing(), grouped_backends(), backends());
+  Choice c;
+  const std::string err = resolve(p, dev, grouped_backends(), f, /*optional=*/false, [&p] { return shape_text(p); },
+                                  &c);
+  TORCH_CHECK(err.empty(), "nvfp4_gemm: ", err);
+  return c;
 }
 
-// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, as mm does.
-void maybe_print(const Choice& c, const GroupedProblem& p) {
-  static const bool enabled = !env_or_empty("NVFP4_GEMM_PRINT_CONFIGS").empty();
-  if (!enabled) return;
-  static std::mutex mutex;
-  static std::set<std::string> seen;
+// The line of this call's choice (resolve.h: printed under NVFP4_GEMM_PRINT_CONFIGS, recorded for tests), as mm's.
+void note_choice(const Choice& c, const GroupedProblem& p) {
+  if (!noting_choices()) return;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
-  const std::string key = "grouped " + choice_name(c) + " a=" + kATypeNames[static_cast<int>(p.a_type)] + " " +
-                          shape_text(p) + " out=" + std::to_string(static_cast<int>(p.out_dtype));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (seen.insert(key).second) std::fprintf(stderr, "[nvfp4_gemm] %s\n", key.c_str());
+  note_choice_line("grouped " + choice_name(c) + " a=" + kATypeNames[static_cast<int>(p.a_type)] + " " +
+                   shape_text(p) + " out=" + std::to_string(static_cast<int>(p.out_dtype)));
 }
 
 OutDtype out_type(at::ScalarType t) {
@@ -154,7 +91,7 @@ void grouped_into(const GroupedShape& s, const at::Tensor& a, const at::Tensor& 
              : a.scalar_type() == at::kBFloat16 ? AType::kBFloat16
                                                 : AType::kFloat32;
   const Choice choice = choose(p, dev);
-  maybe_print(choice, p);
+  note_choice(choice, p);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   char err[kErrLen] = {0};
   if (choice.api == nullptr) {
@@ -227,8 +164,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   return {packed, sf, decode};
 }
 
+// What grouped_mm would run for a problem of this shape on a device of SM version `sm` (132 SMs, an H100's shared
+// memory), under the forcing in effect: the same choose() over the same tables, with nothing on a device (the
+// operand pointers are placeholders that select / can_run only check for alignment). Returns the choice's line
+// name ("sm90:<config>", "generic:..."), or throws grouped_mm's error.
+std::string grouped_choice(int64_t sm, int64_t t, int64_t n, int64_t k, int64_t g, const std::string& a) {
+  static const char* const kATypes[] = {"e2m1", "f16", "bf16", "f32"};
+  int a_type = -1;
+  for (int i = 0; i < 4; ++i)
+    if (a == kATypes[i]) a_type = i;
+  TORCH_CHECK(a_type >= 0, "nvfp4_gemm._grouped_choice: a must be e2m1, f16, bf16 or f32, got '", a, "'");
+  TORCH_CHECK(sm > 0 && sm < 1000 && t >= 0 && n >= 8 && n % 8 == 0 && k >= 32 && k % 32 == 0 && g >= 1,
+              "nvfp4_gemm._grouped_choice: needs 0 < sm < 1000, T >= 0, N >= 8 and K >= 32 multiples of 8 and 32, "
+              "G >= 1; got sm ", sm, " T ", t, " N ", n, " K ", k, " G ", g);
+  alignas(16) static const uint8_t kPlaceholder[16] = {};
+  static const int64_t kASize[] = {0, 2, 2, 4};
+  GroupedProblem p{};
+  p.a = p.b = p.sfb = kPlaceholder;
+  p.sfa = a_type == 0 ? kPlaceholder : nullptr;
+  p.offs = reinterpret_cast<const int32_t*>(kPlaceholder);
+  p.t = t;
+  p.n = n;
+  p.k = k;
+  p.g = g;
+  p.lda = a_type == 0 ? k / 2 : k * kASize[a_type];
+  p.ldb = k / 2;
+  p.b_group_bytes = n * p.ldb;
+  p.ldc = n;
+  p.sfa_rows = a_type == 0 ? grouped_sfa_rows_worst(t, g) : 0;
+  p.out_dtype = OutDtype::kFloat16;
+  p.a_type = static_cast<AType>(a_type);
+  const DeviceInfo dev{static_cast<int32_t>(sm), 132, 232448, 0};
+  return choice_name(choose(p, dev));
+}
+
 }  // namespace
 }  // namespace nvfp4_gemm
+
+// torch.ops.nvfp4_gemm._grouped_choice(sm, t, n, k, g, a): grouped_mm's dispatch decision without a device (above);
+// for tests of the forcing rules on machines without the GPU.
+TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
+  m.def("_grouped_choice(int sm, int t, int n, int k, int g, str a) -> str", &nvfp4_gemm::grouped_choice);
+}
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cuda);

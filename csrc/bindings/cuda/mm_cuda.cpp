@@ -12,11 +12,8 @@
 #include <torch/library.h>
 
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <tuple>
 
@@ -51,50 +48,22 @@ namespace {
 
 constexpr size_t kErrLen = 512;
 
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
 using Choice = nvfp4_gemm::Choice<BackendApi>;
 
 std::string choice_name(const Choice& c) {
   return c.api ? std::string(c.api->name) + ":" + c.api->config_names[c.config] : "generic";
 }
 
-// Recording of choices for tests (torch.ops.nvfp4_gemm._record_choices, nvfp4_gemm.testing.recorded_choices).
-std::mutex g_record_mutex;
-bool g_recording = false;
-std::vector<std::string> g_recorded;
-
-// NVFP4_GEMM_PRINT_CONFIGS=1 prints each (backend, config, shape) choice once, to see what dispatch does; a test
-// records them instead.
+// The line of this call's choice (resolve.h: printed under NVFP4_GEMM_PRINT_CONFIGS, recorded for tests).
 void note_choice(const Choice& c, const Problem& p, bool weight_only) {
-  static const bool enabled = !env_or_empty("NVFP4_GEMM_PRINT_CONFIGS").empty();
-  bool recording;
-  {
-    std::lock_guard<std::mutex> lock(g_record_mutex);
-    recording = g_recording;
-  }
-  if (!enabled && !recording) return;
+  if (!noting_choices()) return;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
-  const std::string key = choice_name(c) +
-                          (quantizes_a(p)  ? std::string(" quantizing a=") + kATypeNames[static_cast<int>(p.a_type)]
-                           : weight_only ? std::string(" w4a16 a=") + kATypeNames[static_cast<int>(p.a_type)]
-                                         : std::string()) +
-                          " m=" + std::to_string(p.m) +
-                          " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
-                          " out=" + std::to_string(static_cast<int>(p.out_dtype));
-  if (recording) {
-    std::lock_guard<std::mutex> lock(g_record_mutex);
-    g_recorded.push_back(key);
-  }
-  if (!enabled) return;
-  static std::mutex mutex;
-  static std::set<std::string> seen;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (seen.insert(key).second) std::fprintf(stderr, "[nvfp4_gemm] %s\n", key.c_str());
+  note_choice_line(choice_name(c) +
+                   (quantizes_a(p)  ? std::string(" quantizing a=") + kATypeNames[static_cast<int>(p.a_type)]
+                    : weight_only ? std::string(" w4a16 a=") + kATypeNames[static_cast<int>(p.a_type)]
+                                  : std::string()) +
+                   " m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+                   " out=" + std::to_string(static_cast<int>(p.out_dtype)));
 }
 
 std::string shape_of(const Problem& p) {
@@ -446,19 +415,6 @@ std::optional<at::Tensor> mm_dynamic_a_cuda(const at::Tensor& x, const at::Tenso
 }
 
 }  // namespace nvfp4_gemm
-
-// torch.ops.nvfp4_gemm._record_choices(on): returns the choices recorded since the last call (one line each, as
-// NVFP4_GEMM_PRINT_CONFIGS prints them: "<backend>:<config> m=.. n=.. k=.. out=..", "generic ..."), clears them and
-// turns recording on or off. For tests (nvfp4_gemm.testing.recorded_choices), in one process.
-TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
-  m.def("_record_choices(bool on) -> str[]", [](bool on) {
-    std::lock_guard<std::mutex> lock(nvfp4_gemm::g_record_mutex);
-    std::vector<std::string> out;
-    out.swap(nvfp4_gemm::g_recorded);
-    nvfp4_gemm::g_recording = on;
-    return out;
-  });
-}
 
 TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("mm", &nvfp4_gemm::mm_cuda);
