@@ -215,7 +215,14 @@ def test_experts_equal_expert_by_expert_linear(mode, own_parts, dtype):
             want = _reference_experts(q, x, idx, w)
         assert got.dtype == dtype and got.shape == (t, H)
         assert torch.isfinite(want).all()
-        assert torch.equal(got, want), f"{kind} t={t}: max diff {(got.float() - want.float()).abs().max()}"
+        diff = f"{kind} t={t}: max diff {(got.float() - want.float()).abs().max()}"
+        if mode == "weight_only":
+            # float activations times decoded weights: the fp32 sums depend on the order the backend's GEMM
+            # (the CPU's BLAS picks kernels by shape and machine) adds them in; both within a few ulps of the row
+            eps = torch.finfo(dtype).eps
+            assert ((got.float() - want.float()).abs() <= 4 * eps * want.float().abs().amax(-1, keepdim=True)).all(), diff
+        else:  # W4A4: every product and partial sum is exact in fp32, so any order gives the same bits
+            assert torch.equal(got, want), diff
 
 
 def test_static_input_scales_that_differ_between_gate_and_up_run_exactly():
