@@ -26,12 +26,12 @@ timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 $S --ri
 stamp racecheck
 timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 $S 2>&1 | tail -3
 stamp "racecheck, item ring"
-timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 python3 $S --ring-only --configs 1,2 --a bf16 2>&1 | tail -3
+timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 python3 $S --ring-only --configs 0,1 --a bf16 2>&1 | tail -3
 
 B=benchmarks/diagnostics/sm90_grouped_bench.py
 stamp "bench: select's pick"
 timeout 150 python3 $B --shapes qwen3,dsv3 --tokens 1,16,64,256 --a bf16 2>&1 | grep -E "copy|gate_up|down|layer"
 stamp "bench: each config"
-timeout 150 python3 $B --shapes qwen3,dsv3 --tokens 64,256 --a bf16 --configs 0,1,2 2>&1 | grep layer
-timeout 60 python3 $B --shapes qwen3 --tokens 1024 --a bf16,e2m1 --configs 1,2 2>&1 | grep layer
+timeout 150 python3 $B --shapes qwen3,dsv3 --tokens 64,256 --a bf16 --configs 0,1 2>&1 | grep layer
+timeout 60 python3 $B --shapes qwen3 --tokens 1024 --a bf16,e2m1 --configs 0,1 2>&1 | grep layer
 stamp done

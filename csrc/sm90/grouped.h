@@ -10,8 +10,7 @@
 // (static_assert in grouped_backend.cu).
 #define NVFP4_SM90_GROUPED_CONFIGS(X) \
   X(8, 4, 2)                          \
-  X(16, 3, 2)                         \
-  X(32, 4, 1)
+  X(16, 3, 2)
 
 #define NVFP4_SM90_GROUPED_NAME(T, S, B) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
 

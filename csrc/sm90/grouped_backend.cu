@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 
 #include "common/grouped.h"
 #include "common/pdl.h"
@@ -55,14 +56,15 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
                   static_cast<int>(AType::kBFloat16) == 2,
               "the launch tables' columns are AType values");
 
-// Rows per group (on average, over all groups: what the host knows without reading offs) above which the
+// Rows per group (on average, over all groups: what the host knows without reading offs) from which the
 // 16-token config runs. A work item decodes its weight tile once for up to TOKENS rows of its group, so a group
-// of m rows costs ceil(m / TOKENS) decodes of each of its tiles: past 8 rows per group most groups would need two
-// 8-token chunks. Below that the 8-token config's deeper pipeline and two CTAs per SM win.
-// The 32-token config (one CTA per SM: 145 registers) is not chosen automatically: at T = 16 G (Qwen3-30B-A3B,
-// 256 tokens) the tree that picked it measured 284.5 us a layer, the tree before it (16-token config there)
-// 221.1 (H200, two calls of one day; benchmarks/RESULTS.md). It stays reachable by name for the measurement that
-// places it (sm90_grouped_gpu_check.sh forces each config at 64 / 256 / 1024 tokens in one call).
+// of m rows costs ceil(m / TOKENS) decodes of each of its tiles: at 8 rows per group on average about half the
+// groups of a random routing hold more than 8 and would need two 8-token chunks. Below that the 8-token config's
+// deeper pipeline wins. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced): 4 rows per group
+// 110.5 vs 128.1 us (Qwen3-30B-A3B, 64 tokens) and 1410 vs 1695 (DeepSeek-V3, 64) for the 8-token config; 8 rows
+// 2105 vs 2401 (DeepSeek-V3, 256) and 16 rows 203.3 vs 247.0 (Qwen3, 256) for the 16-token one. A 32-token
+// config (one CTA per SM) lost to the 16-token one at 16, 64 and 128 rows per group (275.4 / 735.3 / 6865 us
+// against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
 
 void set_msg(char* buf, size_t len, const char* msg) {
@@ -82,7 +84,7 @@ int smem_of(const GroupedProblem& p, int config) {
 }
 
 // One wave: the SMs times the CTAs each holds with this problem's shared memory (8 and 16 tokens: two up to ~460
-// and ~1200 groups; 32 tokens: one).
+// and ~1200 groups).
 int grid_of(const GroupedProblem& p, int config, const DeviceInfo* dev) {
   const int ctas = kGwkCtas[config][static_cast<int>(p.a_type)](smem_of(p, config));
   return std::max(1, dev->num_sms) * std::clamp(ctas, 1, 2);
@@ -148,9 +150,9 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  const int config = p->t > kGwk16FromRowsPerGroup * p->g ? 1 : 0;
-  static_assert(kGwkTokens[0] == 8 && kGwkTokens[1] == 16 && kGwkTokens[2] == 32,
-                "select names the 8-, 16- and 32-token configs");
+  const int config = p->t >= kGwk16FromRowsPerGroup * p->g ? 1 : 0;
+  static_assert(std::size(kGwkTokens) == 2 && kGwkTokens[0] == 8 && kGwkTokens[1] == 16,
+                "select names the 8- and 16-token configs");
   return check(p, config, dev, why, why_len) ? config : -1;
 }
 
@@ -295,9 +297,8 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 }
 
 const char* grouped_dispatch_rules() {
-  return "T <= 8 x G (average rows per group <= 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
-         "T > 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "forced by name only (slower than the 16-token config where measured): " NVFP4_SM90_GROUPED_NAME(32, 4, 1) "\n"
+  return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
+         "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

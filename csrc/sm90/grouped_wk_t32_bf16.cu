@@ -1,8 +1,0 @@
-// One instantiation of the grouped K-sliced kernel (grouped_wk.cuh): 32 tokens, bf16 A. One file per config and
-// A type (NVFP4_SM90_GROUPED_CONFIGS in grouped.h) so that the build compiles them in parallel.
-#include "sm90/grouped_wk.cuh"
-
-namespace nvfp4_gemm::sm90 {
-template cudaError_t launch_gwk<32, AType::kBFloat16>(const GwkLaunch&);
-template int gwk_ctas_per_sm<32, AType::kBFloat16>(int);
-}  // namespace nvfp4_gemm::sm90
