@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import nvfp4_gemm  # noqa: E402
 
-ALL_BACKENDS = ("cpu", "generic", "sm90", "sm100")
+ALL_BACKENDS = ("cpu", "generic", "sm90", "sm100", "sm120")  # a Blackwell machine runs the suite on its backend
 
 
 def backend_skip_reason(name: str) -> str | None:
