@@ -2,7 +2,8 @@
 
 The SM120 grouped kernels take the same per-group arguments as SM100's unswapped form (csrc/common/cutlass_grouped.h;
 csrc/sm120/grouped_gemm.cuh static_asserts that its kernel's strides and scale-factor layouts are those types), so
-the argument checks are the SM100 host programs', built with the _C_sm120 module's flags:
+the argument checks are the SM100 host programs (host code only, the same build and cache as
+tests/test_sm100_grouped_host.py's):
   grouped_layout_test:         every group's operands and scale-factor layout == docs/CONTRACT.md's grouped layout;
   grouped_reference_test:      CUTLASS's host block-scaled GEMM over the builder's per-group arguments (unswapped)
                                == nvfp4_gemm.grouped_mm on CPU tensors;
@@ -22,13 +23,11 @@ import torch
 
 import nvfp4_gemm
 from nvfp4_gemm.testing_grouped import grouped_reference, make_grouped_inputs
+from sm100_host import tools as sm100_tools
 from sm120_host import tools
 from test_sm100_grouped_host import REFERENCE_CASES, _host_reference
 
 pytestmark = pytest.mark.skipif(tools.find_nvcc() is None, reason="nvcc not found: the SM120 host checks compile C++ with it")
-
-SM100_HOST = os.path.join("..", "sm100_host")
-
 
 def _cutlass_or_skip():
     try:
@@ -40,13 +39,13 @@ def _cutlass_or_skip():
 @pytest.fixture(scope="module")
 def glayout_exe():
     _cutlass_or_skip()
-    return tools.build_host_program("grouped_layout_test", os.path.join(SM100_HOST, "grouped_layout_test.cu"))
+    return sm100_tools.build_host_program("grouped_layout_test", "grouped_layout_test.cu")  # host-only: one build
 
 
 @pytest.fixture(scope="module")
 def greference_exe():
     _cutlass_or_skip()
-    return tools.build_host_program("grouped_reference_test", os.path.join(SM100_HOST, "grouped_reference_test.cu"))
+    return sm100_tools.build_host_program("grouped_reference_test", "grouped_reference_test.cu")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ endforeach()
 target_sources(sm100_can_implement_test PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm100/api.cpp ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm100/select.cpp)
 target_compile_options(sm100_can_implement_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${NVFP4_C_sm100_GENCODE}>)
+# grouped_api.cpp (the first-use self-check) calls the CUDA runtime: its C++ compile needs the toolkit's headers.
+target_include_directories(sm100_grouped_can_implement_test PRIVATE ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
 target_sources(sm100_grouped_can_implement_test PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm100/grouped_api.cpp ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm100/select.cpp)
 target_compile_options(sm100_grouped_can_implement_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${NVFP4_C_sm100_GENCODE}>)

@@ -17,6 +17,8 @@ target_compile_options(sm120_grouped_can_implement_test PRIVATE $<$<COMPILE_LANG
 target_sources(sm120_can_implement_test PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm120/api.cpp ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm120/select.cpp)
 target_compile_options(sm120_can_implement_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${NVFP4_C_sm120_GENCODE}>)
+# grouped_api.cpp (the first-use self-check) calls the CUDA runtime: its C++ compile needs the toolkit's headers.
+target_include_directories(sm120_grouped_can_implement_test PRIVATE ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
 target_sources(sm120_grouped_can_implement_test PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm120/grouped_api.cpp ${CMAKE_CURRENT_SOURCE_DIR}/csrc/sm120/select.cpp)
 target_compile_options(sm120_grouped_can_implement_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${NVFP4_C_sm120_GENCODE}>)

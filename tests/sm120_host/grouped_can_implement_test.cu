@@ -33,13 +33,13 @@ constexpr GroupedKernelOps host_ops() {
       host_ops<GroupedKernel<tm, tn, tk, cutlass::bfloat16_t>>(),                  \
       host_ops<GroupedKernel<tm, tn, tk, float>>(),                                \
   };
+#include "sm120/generated/grouped_table.inc"
 // Each config's pipeline depth and shared memory (proven <= 99 KB at compile time), printed.
 #define NVFP4_SM120_GROUPED_CONFIG(name, rows_max, tm, tn, tk)                                              \
   static void print_##name() {                                                                             \
     using K = GroupedKernel<tm, tn, tk, cutlass::bfloat16_t>;                                               \
     std::printf("  %-36s %d stages, %d bytes of shared memory\n", #name, K::kStages, K::kSmemBytes);        \
   }
-#include "sm120/generated/grouped_table.inc"
 #include "sm120/generated/grouped_table.inc"
 }  // namespace nvfp4_gemm::sm120
 
