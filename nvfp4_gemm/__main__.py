@@ -6,8 +6,8 @@ docs/CONTRACT.md's bound, and prints time, TFLOP/s, GB/s (bytes mm must move: pa
 worst error as a fraction of the bound (<= 1 passes). Exit status 1 if any shape fails.
 
 `python -m nvfp4_gemm --selftest` instead runs every dispatch entry of this machine (each kernel config of
-the backends that can run on the local GPU, forced by name, the generic CUDA path and the CPU backend) on
-shapes it accepts, checks each against the reference with docs/CONTRACT.md's bound and prints a report to paste into
+the backends that can run on the local GPU, forced by name, the generic CUDA path and the CPU backend; then
+grouped_mm's entries alike: each grouped config, the generic grouped kernel, the CPU) on shapes it accepts, checks each against the reference with docs/CONTRACT.md's bound and prints a report to paste into
 a bug report (versions, device, build, PASS/FAIL per entry). The first thing to run on new hardware.
 Exit status 1 if any entry fails.
 
@@ -28,6 +28,7 @@ import torch
 
 from . import info, mm
 from .testing import Case, dispatch_entries, error_ratio, make_inputs, median_seconds, run_dispatch_entries
+from .testing_grouped import run_grouped_entries
 
 GPU_MODE_SHAPES = [(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048)]
 EXTRA_SHAPES = [(1, 7168, 16384), (16, 4096, 7168), (512, 4096, 7168), (2304, 4608, 7168)]
@@ -155,6 +156,8 @@ def selftest() -> int:
         entries, not_here = dispatch_entries(dev)
         skipped += [f"{dev}: {s}" for s in not_here]
         rows += run_dispatch_entries(dev, entries)
+        # grouped_mm's entries (the arch modules' grouped configs, the generic and CPU grouped paths).
+        rows += run_grouped_entries(dev)
 
     print()
     w = max([len(r.config) for r in rows] + [6])

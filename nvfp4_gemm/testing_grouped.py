@@ -151,3 +151,84 @@ def grouped_reference(inputs: dict) -> Reference:
     r.ref = ref
     r.bound = 2 * UNIT_ROUNDOFF[dt] * ref.abs() + 2.0**-16 * mag + SMALLEST_SUBNORMAL[dt]
     return r
+
+
+# --- Every grouped dispatch entry of a device, forced one at a time (python -m nvfp4_gemm --selftest). Each case has
+# empty groups or groups of one row, and sizes off every tile; the last (K % 256 == 0) is decode-like: many groups of
+# one token, for the configs of that regime (sm90's K-sliced ones take only K % 256 == 0). A config that refuses a
+# case is tried on the others.
+GROUPED_PROBE_CASES = (
+    GroupedCase(37, 136, 544, 5, "edges"),                                       # K/16 % 4 != 0
+    GroupedCase(300, 264, 1056, 8, "skewed", torch.bfloat16, alpha=True),        # groups past one 128-row atom
+    GroupedCase(20, 512, 2048, 16, "ones", torch.float32, alpha=True),           # decode: one token per group
+)
+CPU_GROUPED_PROBE_CASES = GROUPED_PROBE_CASES[:2]
+GENERIC_GROUPED_CONFIG = "grouped_simt_64x64"
+CPU_GROUPED_CONFIG = "grouped decode+fp32 matmul"
+
+
+def grouped_dispatch_entries(device: str | torch.device) -> list[tuple[str, str]]:
+    """(backend, grouped config) for every grouped dispatch entry that can run on `device`: each grouped config of
+    the arch modules in this build whose SM matches, then the generic grouped kernel; on the CPU, the CPU backend."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return [("cpu", CPU_GROUPED_CONFIG)]
+    major, minor = torch.cuda.get_device_capability(dev)
+    sm = major * 10 + minor
+    runnable = set(torch.ops.nvfp4_gemm._backends_for_sm(sm))
+    entries = [(b, name) for b in torch.ops.nvfp4_gemm._grouped_backends() if b in runnable
+               for name in torch.ops.nvfp4_gemm._grouped_configs(b)]
+    if sm >= 80:
+        entries.append(("generic", GENERIC_GROUPED_CONFIG))
+    return entries
+
+
+def run_grouped_entries(device: str | torch.device, entries=None, cases=None) -> list:
+    """Runs each grouped entry (default: grouped_dispatch_entries(device)) on each case (default
+    GROUPED_PROBE_CASES, CPU_GROUPED_PROBE_CASES on the CPU) and checks it group by group against the float64
+    reference with docs/CONTRACT.md's bound; testing.EntryResult rows, as run_dispatch_entries gives for mm. Each
+    call is followed by a synchronize so that an asynchronous fault is charged to the entry that caused it."""
+    import warnings
+
+    from .grouped import grouped_mm
+    from .testing import EntryResult, case_seed, forced_entry
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if entries is None:
+        entries = grouped_dispatch_entries(dev)
+    if cases is None:
+        cases = CPU_GROUPED_PROBE_CASES if dev.type == "cpu" else GROUPED_PROBE_CASES
+    prepared = []
+    for case in cases:
+        inputs = make_grouped_inputs(case, dev, seed=case_seed(case))
+        prepared.append((case, inputs, grouped_reference(inputs)))
+    results = []
+    for backend, config in entries:
+        r = EntryResult(backend, config, str(dev))
+        for case, inputs, ref in prepared:
+            tag = f"{case.id} (seed {case_seed(case)})"
+            args, kwargs = op_args(inputs)
+            try:
+                with forced_entry(backend, config), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = grouped_mm(*args, **kwargs)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+            except RuntimeError as e:
+                msg = str(e).strip().splitlines()[0]
+                if "cannot run the grouped problem" in msg:  # the forced config's own refusal, with its reason
+                    r.refused.append(f"{case.id}: {msg}")
+                else:
+                    r.failures.append(f"{tag}: {type(e).__name__}: {msg}")
+                continue
+            worst, msg = ref.ratio(out)
+            r.ran.append(case.id)
+            r.worst = max(r.worst, worst)
+            if worst > 1.0:
+                r.failures.append(f"{tag}: {msg}")
+        if not r.ran and not r.failures:
+            r.failures.append("refused every probe shape: " + "; ".join(r.refused))
+        results.append(r)
+    return results

@@ -29,14 +29,21 @@ from nvfp4_gemm.testing_grouped import (
 from conftest import backend_skip_reason, requires_cuda, selected_backends
 
 
-@pytest.fixture(params=selected_backends())
+def _grouped_backend_names() -> list[str]:
+    """selected_backends(), plus sm120 (grouped kernels of its own; the dense suite runs it in tests/test_sm120.py)
+    unless NVFP4_GEMM_TEST_BACKENDS narrows the list."""
+    names = selected_backends()
+    return names if os.environ.get("NVFP4_GEMM_TEST_BACKENDS") or "sm120" in names else [*names, "sm120"]
+
+
+@pytest.fixture(params=_grouped_backend_names())
 def gbackend(request, monkeypatch):
     """(backend name, device) for the grouped GEMM, NVFP4_GEMM_BACKEND forced for the CUDA ones."""
     name = request.param
     reason = backend_skip_reason(name)
     if reason:
         pytest.skip(reason)
-    if name in ("sm90", "sm100") and name not in grouped_backends():
+    if name in ("sm90", "sm100", "sm120") and name not in grouped_backends():
         pytest.skip(f"backend {name} has no grouped kernels in this build (registered: {grouped_backends()})")
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
     if name == "cpu":
@@ -50,8 +57,14 @@ def gbackend(request, monkeypatch):
 def runnable(name: str, case: GroupedCase) -> GroupedCase:
     """The case as a forced arch backend can run it: sm90's grouped kernels take K % 256 == 0 and 16-bit or NVFP4 A
     (tests/test_sm90_grouped.py covers their own limits), so K is rounded up to a multiple of 256 there (T, N, G,
-    routing and scales kept); a float32-A case skips with the reason. CPU and generic run every case as written."""
-    if name not in ("sm90", "sm100"):
+    routing and scales kept); a float32-A case skips with the reason. sm100's and sm120's (CUTLASS's grouped
+    block-scaled kernels) take NVFP4 A only, at any K the contract allows: a weight-only case skips there. CPU and
+    generic run every case as written."""
+    if name in ("sm100", "sm120"):
+        if case.a_dtype is not None:
+            pytest.skip(f"{name}'s grouped kernels take NVFP4 A only; the weight-only form runs on the generic path")
+        return case
+    if name != "sm90":
         return case
     if case.a_dtype == torch.float32:
         pytest.skip(f"{name}'s grouped kernels take fp16 / bf16 / NVFP4 A; float32 A runs on the generic path")

@@ -109,9 +109,10 @@ def test_info_reports_build_and_device():
 
 def test_selftest_reports_every_entry_here(monkeypatch, capsys):
     """python -m nvfp4_gemm --selftest: versions, build, one PASS line per dispatch entry of this machine
-    (the CPU backend at least), what was skipped, exit status 0."""
+    (the CPU backend at least) and per grouped_mm entry, what was skipped, exit status 0."""
     from nvfp4_gemm.__main__ import main
     from nvfp4_gemm.testing import dispatch_entries
+    from nvfp4_gemm.testing_grouped import grouped_dispatch_entries
 
     monkeypatch.setenv("NVFP4_GEMM_SELFCHECK", os.environ.get("NVFP4_GEMM_SELFCHECK", "0"))  # restored after
     rc = main(["--selftest"])
@@ -120,7 +121,7 @@ def test_selftest_reports_every_entry_here(monkeypatch, capsys):
     assert f"torch      {torch.__version__}" in out and '"with_cuda"' in out, out
     devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] + ["cpu"]
     for dev in devices:
-        for backend, config in dispatch_entries(dev)[0]:
+        for backend, config in dispatch_entries(dev)[0] + grouped_dispatch_entries(dev):
             prefix = f"{dev:<7} {backend:<8} {config} "
             rows = [ln for ln in out.splitlines() if ln.startswith(prefix)]
             assert len(rows) == 1 and rows[0][len(prefix):].split()[0] == "PASS", (prefix, out)

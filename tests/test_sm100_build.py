@@ -13,6 +13,7 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 import nvfp4_gemm
 from sm100_host import tools
@@ -74,10 +75,31 @@ def test_sm100_sass_has_block_scaled_mma():
     if not so:
         pytest.skip(f"_C_sm100 not built: {why}")
     kernels = _kernels_sass(so)
-    gemms = {k: v for k, v in kernels.items() if "GemmUniversal" in k}
+    # Dense kernels; the grouped ones (GroupProblemShape) are test_sm100_grouped_sass_has_block_scaled_mma's.
+    gemms = {k: v for k, v in kernels.items() if "GemmUniversal" in k and "GroupProblemShape" not in k}
     n_configs = len(nvfp4_gemm.configs().get("sm100", []))
     # Each config holds an fp16, a bf16 and an fp32 kernel.
     assert len(gemms) == 3 * n_configs, f"{len(gemms)} GemmUniversal kernels in the SASS, expected 3 x {n_configs}"
     for what, pattern in REQUIRED.items():
         missing = [k[:120] for k, sass in gemms.items() if not pattern.search(sass)]
         assert not missing, f"{len(missing)} kernels lack the {what}: {missing}"
+
+
+def test_sm100_grouped_sass_has_block_scaled_mma():
+    """Every grouped config's three kernels (issue 40 item 3) are CUTLASS's ptr-array grouped block-scaled kernel with
+    the tcgen05 NVFP4 MMA and scale-factor copy in their SASS, beside one argument builder per form."""
+    wanted, why = _built_with_sm100()
+    so = _sm100_module()
+    if not so:
+        pytest.skip(f"_C_sm100 not built: {why}")
+    kernels = _kernels_sass(so)
+    grouped = {k: v for k, v in kernels.items() if "GemmUniversal" in k and "GroupProblemShape" in k}
+    n_configs = len(torch.ops.nvfp4_gemm._grouped_configs("sm100"))
+    assert n_configs >= 1, "the sm100 module registered no grouped table"
+    assert len(grouped) == 3 * n_configs, f"{len(grouped)} grouped GemmUniversal kernels, expected 3 x {n_configs}"
+    assert all("MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled" in k for k in grouped), list(grouped)[:2]
+    for what, pattern in REQUIRED.items():
+        missing = [k[:120] for k, sass in grouped.items() if not pattern.search(sass)]
+        assert not missing, f"{len(missing)} grouped kernels lack the {what}: {missing}"
+    builders = [k for k in kernels if "build_group_arguments" in k]
+    assert builders, "no grouped argument builder kernel in the SASS"

@@ -57,3 +57,25 @@ def test_bench_sm100_runs_up_to_the_gpu():
     assert "sm100_nvfp4_" in p.stdout
     if "stopped before timing" not in p.stdout:
         assert "GPU MODE geometric mean" in p.stdout
+
+
+def test_grouped_table_is_small_and_names_are_procedural():
+    gen = _table()
+    names = [c.name for c in gen.GROUPED_TABLE]
+    assert 1 <= len(names) <= 2 and len(set(names)) == len(names), "keep the grouped table small: every TU costs CI minutes"
+    for c in gen.GROUPED_TABLE:
+        assert re.fullmatch(r"sm100_nvfp4_grouped_128x(64|128|192|256)x256_1sm(_swap)?", c.name), c.name
+        assert c.why, f"{c.name} has no reason"
+        assert os.path.isfile(os.path.join(ROOT, "csrc", "sm100", "generated", c.name + ".cu"))
+    assert gen.GROUPED_TABLE[-1].rows_max is None
+    # Decode (a few rows per group) gets its own entry, with the rows on the MMA's 64-wide N side.
+    assert gen.GROUPED_TABLE[0].swap_ab and gen.GROUPED_TABLE[0].tile_n == 64
+
+
+def test_built_module_lists_the_grouped_table():
+    import torch
+
+    if "sm100" not in list(torch.ops.nvfp4_gemm._grouped_backends()):
+        pytest.skip("_C_sm100 with grouped kernels not in this build (NVFP4_GEMM_CUDA_ARCHS=10.0f)")
+    gen = _table()
+    assert list(torch.ops.nvfp4_gemm._grouped_configs("sm100")) == [c.name for c in gen.GROUPED_TABLE]

@@ -12,6 +12,7 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 import nvfp4_gemm
 from sm120_host import tools
@@ -67,12 +68,19 @@ def test_sm120_sass_has_block_scaled_mma():
             kernels[name] = ""
         elif name:
             kernels[name] += line + "\n"
-    gemms = {k: v for k, v in kernels.items() if "GemmUniversal" in k}
+    # Dense kernels, then the grouped ones (GroupProblemShape: CUTLASS's ptr-array grouped kernel, issue 42 item 2).
+    gemms = {k: v for k, v in kernels.items() if "GemmUniversal" in k and "GroupProblemShape" not in k}
+    grouped = {k: v for k, v in kernels.items() if "GemmUniversal" in k and "GroupProblemShape" in k}
     n_configs = len(nvfp4_gemm.configs().get("sm120", []))
+    n_grouped = len(torch.ops.nvfp4_gemm._grouped_configs("sm120"))
     # Each config holds an fp16, a bf16 and an fp32 kernel.
     assert n_configs and len(gemms) == 3 * n_configs, \
         f"{len(gemms)} GemmUniversal kernels in the SASS, expected 3 x {n_configs}"
-    missing = [k[:120] for k, sass in gemms.items() if not BLOCK_SCALED_MMA.search(sass)]
+    assert n_grouped and len(grouped) == 3 * n_grouped, \
+        f"{len(grouped)} grouped GemmUniversal kernels in the SASS, expected 3 x {n_grouped}"
+    missing = [k[:120] for k, sass in {**gemms, **grouped}.items() if not BLOCK_SCALED_MMA.search(sass)]
     assert not missing, f"{len(missing)} kernels lack the block-scaled FP4 MMA (OMMA.SF ... E2M1.E2M1.UE4M3.4X): {missing}"
     # Every kernel is the SM120 block-scaled mainloop, never another arch's collective.
     assert all("MainloopSm120TmaWarpSpecializedBlockScaled" in k for k in gemms), list(gemms)[:3]
+    assert all("MainloopSm120ArrayTmaWarpSpecializedBlockScaled" in k for k in grouped), list(grouped)[:3]
+    assert any("build_group_arguments" in k for k in kernels), "no grouped argument builder kernel in the SASS"

@@ -71,3 +71,23 @@ def test_dispatch_by_compute_capability():
         assert list(torch.ops.nvfp4_gemm._backends_for_sm(sm)) == ["sm120"], sm
     for sm in (80, 90, 100, 103, 110):
         assert "sm120" not in torch.ops.nvfp4_gemm._backends_for_sm(sm), sm
+
+
+def test_grouped_table_is_small_and_names_are_procedural():
+    gen = _table()
+    names = [c.name for c in gen.GROUPED_TABLE]
+    assert 1 <= len(names) <= 2 and len(set(names)) == len(names), "keep the grouped table small: every TU costs CI minutes"
+    for c in gen.GROUPED_TABLE:
+        assert re.fullmatch(r"sm120_nvfp4_grouped_\d+x\d+x(128|256)", c.name), c.name
+        assert c.why, f"{c.name} has no reason"
+        assert os.path.isfile(os.path.join(ROOT, "csrc", "sm120", "generated", c.name + ".cu"))
+    assert gen.GROUPED_TABLE[-1].rows_max is None
+
+
+def test_built_module_lists_the_grouped_table():
+    import torch
+
+    if "sm120" not in list(torch.ops.nvfp4_gemm._grouped_backends()):
+        pytest.skip("_C_sm120 with grouped kernels not in this build (NVFP4_GEMM_CUDA_ARCHS=12.0f)")
+    gen = _table()
+    assert list(torch.ops.nvfp4_gemm._grouped_configs("sm120")) == [c.name for c in gen.GROUPED_TABLE]

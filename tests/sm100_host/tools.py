@@ -96,7 +96,9 @@ def nvcc_flags(device: bool) -> list[str]:
 def _inputs_hash(files: list[str], flags: list[str]) -> str:
     h = hashlib.sha256(" ".join(flags).encode())
     deps = files + sorted(glob.glob(os.path.join(SM100_DIR, "*.h")) + glob.glob(os.path.join(SM100_DIR, "*.cuh")))
-    deps += [os.path.join(SM100_DIR, "generated", "table.inc"), os.path.join(ROOT, "csrc", "common", "problem.h")]
+    deps += sorted(glob.glob(os.path.join(SM100_DIR, "generated", "*.inc")))
+    common = os.path.join(ROOT, "csrc", "common")
+    deps += sorted(glob.glob(os.path.join(common, "*.h")) + glob.glob(os.path.join(common, "*.cuh")))
     for f in deps:
         h.update(f.encode())
         with open(f, "rb") as fh:
