@@ -84,7 +84,7 @@ def _grouped_choice():
 
 def test_grouped_forcing_errors_follow_mm_wording(monkeypatch):
     """grouped_mm resolves through mm's resolver: the same errors, worded as mm's (tests/test_errors.py), for an
-    unknown backend name, a backend not compiled, a backend with no grouped kernels and an unknown config name."""
+    unknown backend name, a backend not compiled and an unknown config name."""
     import pytest
 
     from nvfp4_gemm.grouped import grouped_backends
@@ -106,15 +106,12 @@ def test_grouped_forcing_errors_follow_mm_wording(monkeypatch):
                                            r"nvfp4_gemm.grouped.grouped_configs\(\) lists them"):
         op(90, 64, 128, 256, 4, "e2m1")
     monkeypatch.delenv("NVFP4_GEMM_CONFIG")
-    for name, archs in (("sm90", "9.0a"), ("sm100", None), ("sm120", None)):
+    for name, archs in (("sm90", "9.0a"), ("sm100", "10.0f"), ("sm120", "12.0f")):
         if name in grouped_backends():
             continue
         monkeypatch.setenv("NVFP4_GEMM_BACKEND", name)
-        if archs is None:
-            want = rf"NVFP4_GEMM_BACKEND={name} but that backend has no grouped kernels; force generic or auto"
-        else:
-            want = (rf"NVFP4_GEMM_BACKEND={name} but that backend was not compiled into this build; rebuild with "
-                    rf"NVFP4_GEMM_CUDA_ARCHS={archs}")
+        want = (rf"NVFP4_GEMM_BACKEND={name} but that backend was not compiled into this build; rebuild with "
+                rf"NVFP4_GEMM_CUDA_ARCHS={archs}")
         with pytest.raises(RuntimeError, match=want):
             op(90, 64, 128, 256, 4, "e2m1")
     monkeypatch.setenv("NVFP4_GEMM_BACKEND", "generic")

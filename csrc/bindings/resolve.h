@@ -12,8 +12,8 @@
 // An op with an alternative form (linear's fused quantization, whose unfused form is quantize then mm) resolves
 // its fused problem with `optional`: a forced choice that cannot take that form then declines without an error,
 // and the unfused problem is resolved under the same forcing, where a refusal is the error. Names that are not
-// valid anywhere (an unknown backend or config, a backend not compiled or not for this device, a backend with no
-// kernels of the op's kind) are errors in both cases.
+// valid anywhere (an unknown backend or config, a backend not compiled or not for this device) are errors in both
+// cases.
 // One forcing covers both kinds of table: a forced config that names a kernel of the other kind only (a dense
 // config, for grouped_mm) does not apply to the op, which follows the forced backend / automatic dispatch
 // (`for_table` below), so that a model's dense GEMMs can be pinned to one config while its grouped ones still
@@ -38,10 +38,9 @@ inline constexpr const char* kGenericBackend = "generic";
 struct ArchBackendName {
   const char* name;
   const char* archs;  // NVFP4_GEMM_CUDA_ARCHS value that builds it
-  bool grouped;       // its module has grouped kernels (a GroupedBackendApi table) when compiled
 };
 inline constexpr ArchBackendName kArchBackends[] = {
-    {"sm120", "12.0f", false}, {"sm100", "10.0f", false}, {"sm90", "9.0a", true}};
+    {"sm120", "12.0f"}, {"sm100", "10.0f"}, {"sm90", "9.0a"}};
 
 // What the caller forces. Empty strings: nothing forced.
 struct Forcing {
@@ -95,10 +94,6 @@ inline TableKind table_kind(const BackendApi*) { return {"kernel", "nvfp4_gemm.c
 inline TableKind table_kind(const GroupedBackendApi*) {
   return {"grouped kernel", "nvfp4_gemm.grouped.grouped_configs()"};
 }
-// Whether arch backend `b` has kernels of this kind at all (every arch backend has dense ones); one that has none
-// is an error saying so, not one that asks for a rebuild.
-inline bool has_kernels(const BackendApi*, const ArchBackendName&) { return true; }
-inline bool has_kernels(const GroupedBackendApi*, const ArchBackendName& b) { return b.grouped; }
 
 template <typename Api>
 bool names_config(const std::vector<const Api*>& apis, const std::string& config) {
@@ -179,9 +174,6 @@ std::string resolve(const Prob& p, const DeviceInfo& dev, const std::vector<cons
     const Api* api = nullptr;
     for (const Api* a : apis)
       if (f.backend == a->name) api = a;
-    if (api == nullptr && !has_kernels(static_cast<const Api*>(nullptr), *arch))
-      return backend + " but that backend has no " + kind.kernel + "s; force " + kGenericBackend + " or " +
-             kAutoBackend + " for this op";
     if (api == nullptr)
       return backend + " but that backend was not compiled into this build; rebuild with NVFP4_GEMM_CUDA_ARCHS=" +
              arch->archs;

@@ -193,8 +193,9 @@ struct CutlassGroupedBackend {
   }
 
   static const GroupedBackendApi& api() {
-    static const GroupedBackendApi table{kGroupedAbiVersion, Arch::kName, Arch::kNumConfigs, names(), &select,
-                                         &can_run, &workspace_bytes, &run, &dispatch_rules};
+    static const GroupedBackendApi table{kGroupedAbiVersion, Arch::kName,    Arch::kTarget,    Arch::kNumConfigs,
+                                         names(),            &Arch::supports_sm, &select,         &can_run,
+                                         &workspace_bytes,   &run,             &dispatch_rules};
     return table;
   }
 };

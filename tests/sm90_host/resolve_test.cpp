@@ -227,13 +227,13 @@ int main() {
   r = run(8, config("g90_t8"), false);
   EXPECT(has(r.err, "NVFP4_GEMM_CONFIG=g90_t8 names no compiled kernel config; nvfp4_gemm.configs() lists them"),
          "%s", r.err.c_str());
-  // Forced backends: unknown, without grouped kernels, not compiled, not for this device, nothing selected.
+  // Forced backends: unknown, not compiled, not for this device, nothing selected.
   g = run_grouped(64, 4, backend("sm75"));
   EXPECT(has(g.err, "NVFP4_GEMM_BACKEND must be one of auto, generic, sm90, sm100, sm120 (cpu is chosen by putting "
                     "the tensors on the CPU), got 'sm75'"), "%s", g.err.c_str());
   g = run_grouped(64, 4, backend("sm100"), 100);
-  EXPECT(has(g.err, "NVFP4_GEMM_BACKEND=sm100 but that backend has no grouped kernels; force generic or auto for "
-                    "this op"), "%s", g.err.c_str());
+  EXPECT(has(g.err, "NVFP4_GEMM_BACKEND=sm100 but that backend was not compiled into this build; rebuild with "
+                    "NVFP4_GEMM_CUDA_ARCHS=10.0f"), "%s", g.err.c_str());
   g = run_grouped(64, 4, backend("sm90"), 90, false);
   EXPECT(has(g.err, "NVFP4_GEMM_BACKEND=sm90 but that backend was not compiled into this build; rebuild with "
                     "NVFP4_GEMM_CUDA_ARCHS=9.0a"), "%s", g.err.c_str());
@@ -246,9 +246,6 @@ int main() {
   EXPECT(g.err.empty() && g.c.api == &kGrouped90 && g.c.config == 1, "grouped forced sm90: %s", g.err.c_str());
   g = run_grouped(64, 4, backend("generic"));
   EXPECT(g.err.empty() && g.c.api == nullptr && !g.c.declined, "grouped forced generic");
-  // Which arch backends have grouped kernels: sm90's module only.
-  for (const ArchBackendName& b : kArchBackends)
-    EXPECT(b.grouped == (std::string(b.name) == "sm90"), "kArchBackends: %s grouped=%d", b.name, b.grouped);
 
   if (failures) return 1;
   std::printf("resolve_test: ok\n");
