@@ -117,7 +117,16 @@ def test_grouped_forcing_errors_follow_mm_wording(monkeypatch):
     monkeypatch.setenv("NVFP4_GEMM_BACKEND", "generic")
     assert op(90, 64, 128, 256, 4, "e2m1") == "generic:grouped_simt_64x64"
     monkeypatch.setenv("NVFP4_GEMM_BACKEND", "auto")
-    assert op(100, 64, 128, 256, 4, "e2m1") == "generic:grouped_simt_64x64"
+    # Blackwell: CUTLASS's grouped kernels where built (NVFP4 A only: weight-only goes to the generic kernel)
+    want = "sm100:sm100_nvfp4_grouped_128x64x256_1sm_swap" if "sm100" in grouped_backends() else \
+        "generic:grouped_simt_64x64"  # 16 rows per group on average: the decode (swapped) config
+    assert op(100, 64, 128, 256, 4, "e2m1") == want
+    if "sm100" in grouped_backends():
+        assert op(100, 4096, 128, 256, 4, "e2m1") == "sm100:sm100_nvfp4_grouped_128x128x256_1sm"
+    want = "sm120:sm120_nvfp4_grouped_128x128x128" if "sm120" in grouped_backends() else "generic:grouped_simt_64x64"
+    assert op(120, 64, 128, 256, 4, "e2m1") == want
+    for sm in (100, 120):
+        assert op(sm, 64, 128, 256, 4, "bf16") == "generic:grouped_simt_64x64"
 
 
 def test_grouped_forcing_on_sm90(monkeypatch):
