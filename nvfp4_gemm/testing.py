@@ -430,6 +430,15 @@ def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -
     for case in cases:
         inputs = make_inputs(case, dev, seed=case_seed(case))
         prepared.append((case, inputs, Reference(inputs)))
+    return run_prepared_entries(dev, entries, prepared, lambda inputs: mm(**inputs), refusal="cannot run M=")
+
+
+def run_prepared_entries(dev: torch.device, entries, prepared, call, refusal: str) -> list[EntryResult]:
+    """Runs `call(inputs)` under each (backend, config) forced (forced_entry) for each (case, inputs, reference)
+    of `prepared`, synchronizing after each call so that an asynchronous fault is charged to the entry that caused
+    it: an error whose first line contains `refusal` is the forced config's own refusal of that shape (recorded,
+    not a failure); any other error, a result outside the reference's bound, or a first-use self-check's FAILED
+    warning (that config's problems then went to the generic path: right numbers, broken config) is a failure."""
     results = []
     for backend, config in entries:
         r = EntryResult(backend, config, str(dev))
@@ -438,17 +447,15 @@ def run_dispatch_entries(device: str | torch.device, entries=None, cases=None) -
             try:
                 with forced_entry(backend, config), warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    out = mm(**inputs)
+                    out = call(inputs)
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
-                # A config that fails its first-use self-check warns and hands its problems to the generic
-                # path: right numbers, but that config is broken.
                 for w in caught:
                     if "self-check" in str(w.message) and "FAILED" in str(w.message):
                         r.failures.append(f"{tag}: {w.message}")
             except RuntimeError as e:
                 msg = str(e).strip().splitlines()[0]
-                if "cannot run M=" in msg:  # the forced config's own refusal of this shape, with its reason
+                if refusal in msg:
                     r.refused.append(f"{case.id}: {msg}")
                 else:
                     r.failures.append(f"{tag}: {type(e).__name__}: {msg}")

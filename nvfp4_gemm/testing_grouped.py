@@ -188,10 +188,8 @@ def run_grouped_entries(device: str | torch.device, entries=None, cases=None) ->
     GROUPED_PROBE_CASES, CPU_GROUPED_PROBE_CASES on the CPU) and checks it group by group against the float64
     reference with docs/CONTRACT.md's bound; testing.EntryResult rows, as run_dispatch_entries gives for mm. Each
     call is followed by a synchronize so that an asynchronous fault is charged to the entry that caused it."""
-    import warnings
-
     from .grouped import grouped_mm
-    from .testing import EntryResult, case_seed, forced_entry
+    from .testing import case_seed, run_prepared_entries
 
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -204,31 +202,10 @@ def run_grouped_entries(device: str | torch.device, entries=None, cases=None) ->
     for case in cases:
         inputs = make_grouped_inputs(case, dev, seed=case_seed(case))
         prepared.append((case, inputs, grouped_reference(inputs)))
-    results = []
-    for backend, config in entries:
-        r = EntryResult(backend, config, str(dev))
-        for case, inputs, ref in prepared:
-            tag = f"{case.id} (seed {case_seed(case)})"
-            args, kwargs = op_args(inputs)
-            try:
-                with forced_entry(backend, config), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    out = grouped_mm(*args, **kwargs)
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-            except RuntimeError as e:
-                msg = str(e).strip().splitlines()[0]
-                if "cannot run the grouped problem" in msg:  # the forced config's own refusal, with its reason
-                    r.refused.append(f"{case.id}: {msg}")
-                else:
-                    r.failures.append(f"{tag}: {type(e).__name__}: {msg}")
-                continue
-            worst, msg = ref.ratio(out)
-            r.ran.append(case.id)
-            r.worst = max(r.worst, worst)
-            if worst > 1.0:
-                r.failures.append(f"{tag}: {msg}")
-        if not r.ran and not r.failures:
-            r.failures.append("refused every probe shape: " + "; ".join(r.refused))
-        results.append(r)
-    return results
+
+    def call(inputs):
+        args, kwargs = op_args(inputs)
+        return grouped_mm(*args, **kwargs)
+
+    # a forced grouped config's own refusal reads "... cannot run T=.. N=.. K=.. G=..: why" (bindings/resolve.h)
+    return run_prepared_entries(dev, entries, prepared, call, refusal="cannot run T=")
