@@ -33,11 +33,7 @@ from test_sm100_host import _DT_CODE, _read, _write
 pytestmark = pytest.mark.skipif(tools.find_nvcc() is None, reason="nvcc not found: the SM100 host checks compile C++ with it")
 
 
-def _cutlass_or_skip():
-    try:
-        tools.cutlass_includes()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+_cutlass_or_skip = tools.cutlass_or_skip
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,7 @@ from sm100_host import tools
 pytestmark = pytest.mark.skipif(tools.find_nvcc() is None, reason="nvcc not found: the SM100 host checks compile C++ with it")
 
 
-def _cutlass_or_skip():
-    try:
-        tools.cutlass_includes()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+_cutlass_or_skip = tools.cutlass_or_skip
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,16 @@ def cutlass_includes() -> list[str]:
     return inc
 
 
+def cutlass_or_skip() -> None:
+    """Skips the calling test where no CUTLASS checkout or wheel is found (the reason is the lookup's)."""
+    import pytest
+
+    try:
+        cutlass_includes()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
 def nvcc_flags(device: bool) -> list[str]:
     """The module's own nvcc flags (build_manifest.py); `device` adds its sm_100f target."""
     bm = _manifest()

@@ -11,7 +11,7 @@ import hashlib
 import os
 
 from sm100_host.tools import (  # noqa: F401  - re-exported for the SM120 tests
-    ROOT, TOOL_WHEELS, _manifest, _run, cuda_home, cutlass_includes, find_nvcc, sass_tools_env,
+    ROOT, TOOL_WHEELS, _manifest, _run, cuda_home, cutlass_includes, cutlass_or_skip, find_nvcc, sass_tools_env,
 )
 
 HOST_DIR = os.path.join(ROOT, "tests", "sm120_host")
