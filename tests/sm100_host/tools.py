@@ -109,6 +109,7 @@ def _inputs_hash(files: list[str], flags: list[str]) -> str:
     deps += sorted(glob.glob(os.path.join(SM100_DIR, "generated", "*.inc")))
     common = os.path.join(ROOT, "csrc", "common")
     deps += sorted(glob.glob(os.path.join(common, "*.h")) + glob.glob(os.path.join(common, "*.cuh")))
+    deps += sorted(glob.glob(os.path.join(ROOT, "tests", "sm100_host", "*.h")))  # headers the host programs share
     for f in deps:
         h.update(f.encode())
         with open(f, "rb") as fh:
