@@ -315,6 +315,35 @@ def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
     return _GROUPED_MM(a, b, sfa, sfb, offs, alpha, out_dtype)
 
 
+_MOE_ROUTE = torch.ops.nvfp4_gemm._moe_route.default
+_MOE_ROUTE_MAX_EXPERTS = 4096  # csrc/bindings/moe_route.h kMoeRouteMaxExperts
+
+
+@torch.library.register_fake("nvfp4_gemm::_moe_route")
+def _moe_route_fake(top_k_index, num_experts):
+    op = "nvfp4_gemm._moe_route"
+    torch._check(top_k_index.dim() == 2,
+                 lambda: f"{op}: top_k_index must be 2-D [T, k], got shape {tuple(top_k_index.shape)}")
+    torch._check(top_k_index.dtype in (torch.int64, torch.int32),
+                 lambda: f"{op}: top_k_index must be int64 or int32 expert ids, got {top_k_index.dtype}")
+    torch._check(1 <= num_experts <= _MOE_ROUTE_MAX_EXPERTS,
+                 lambda: f"{op}: num_experts must be in [1, {_MOE_ROUTE_MAX_EXPERTS}], got {num_experts}")
+    s = top_k_index.shape[0] * top_k_index.shape[1]
+    return (top_k_index.new_empty((num_experts,), dtype=torch.int32),
+            top_k_index.new_empty((s,), dtype=torch.int64), top_k_index.new_empty((s,), dtype=torch.int64))
+
+
+def moe_route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routing of the T x k (token, slot) pairs, pair p = t * k + slot, on top_k_index's device without a host
+    sync (one kernel on CUDA for T * k <= 8192): (offs int32 [E], row_token int64 [S], inverse int64 [S]),
+    S = T * k. The pairs sorted by expert id, stably (ascending p within an expert: torch.sort(ids, stable=True)'s
+    order); offs[e] = the rows of experts 0..e (grouped_mm's offs), row_token[r] = the token of sorted row r,
+    inverse[p] = the sorted row of pair p. An id outside [0, E) (transformers' expert-parallel sentinel E) is in
+    no expert: those pairs take the rows after offs[E-1], in pair order (for the id E alone, torch.sort's order
+    too), and row_token / inverse cover them."""
+    return _MOE_ROUTE(top_k_index, num_experts)
+
+
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
     sorted row, and the per-expert row ends (offs) the grouped GEMM reads on the device."""
