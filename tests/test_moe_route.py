@@ -140,6 +140,85 @@ def test_traced_by_torch_compile():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The MoE forward on the op gives the bits of the torch routing it replaces
+
+
+class _TorchRouting:
+    """moe._Routing as it was before the op: torch.sort (stable), zeros + scatter_add_ + cumsum, and the inverse
+    permutation by empty + scatter_ + arange."""
+
+    def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
+        ids = top_k_index.reshape(-1)
+        self.k = top_k_index.shape[-1]
+        self.s = ids.numel()
+        self.expert, perm = torch.sort(ids, stable=True)
+        self.token = perm // self.k
+        counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+        # (scatter_add_ takes an int64 index only: the torch routing ran on int64 ids alone)
+        counts.scatter_add_(0, self.expert.long(), torch.ones_like(self.expert, dtype=torch.int32))
+        self.offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        self.inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(self.s, device=ids.device))
+        self.num_experts = num_experts
+
+
+@pytest.fixture(scope="module")
+def moe_tests():
+    pytest.importorskip("transformers")
+    import test_moe
+
+    return test_moe
+
+
+@pytest.mark.parametrize("mode", ["weight_only", "dynamic", "static", "static_shared"])
+@pytest.mark.parametrize("own_parts", [False, True], ids=["shared_gate_up", "own_gate_up"])
+def test_forward_bits_unchanged(moe_tests, monkeypatch, mode, own_parts):
+    q, _ = moe_tests._random_experts(mode, own_parts)
+    for t, kind in ((13, "random"), (1, "random"), (9, "one_expert"), (40, "skewed")):
+        x = torch.randn(t, moe_tests.H, generator=torch.Generator().manual_seed(t)).to(torch.bfloat16)
+        idx, w = moe_tests._routing(t, kind, seed=t)
+        for ids in (idx, idx.to(torch.int32)):
+            with torch.no_grad():
+                got = q(x, ids, w)
+                with monkeypatch.context() as m:
+                    m.setattr(moe, "_Routing", _TorchRouting)
+                    want = q(x, ids, w)
+            assert torch.equal(got, want), (kind, t, ids.dtype)
+
+
+def test_calibration_observer_unchanged(moe_tests, monkeypatch):
+    """calibrate_static reads routing.expert and routing.token: the same input scales as with torch's routing."""
+    import copy
+
+    model = moe_tests.tiny("qwen3_moe", layers=1)
+    moe.quantize_experts(model)  # dynamic W4A4
+    ids = moe_tests._ids(16, seed=5)
+    name = "model.layers.0.mlp.experts"
+    scales = []
+    for routing in (moe._Routing, _TorchRouting):
+        m = copy.deepcopy(model)
+        with monkeypatch.context() as mp:
+            mp.setattr(moe, "_Routing", routing)
+            assert moe.calibrate_static(m, [name], lambda mm: mm(ids)) == [name]
+        q = m.get_submodule(name)
+        scales.append((q.gate_up_proj_input_scale.clone(), q.down_proj_input_scale.clone()))
+    assert torch.equal(scales[0][0], scales[1][0]) and torch.equal(scales[0][1], scales[1][1])
+    assert len(set(scales[0][0][:, 0].tolist())) > 1
+
+
+def test_forward_refuses_ids_outside_the_experts_on_the_cpu(moe_tests):
+    """As with the torch routing (scatter_add_ raised): every row must belong to an expert (grouped_mm's rule);
+    the sentinel id of expert parallelism is not skipped by NVFP4Experts (it does not declare
+    expert_parallel_sentinel, so ExpertParallel sends it local expert 0 at weight 0 instead)."""
+    q, _ = moe_tests._random_experts("weight_only", own_parts=False)
+    assert not getattr(q, "expert_parallel_sentinel", False)
+    idx, w = moe_tests._routing(5, "random", seed=1)
+    idx[2, 1] = moe_tests.E
+    with pytest.raises((RuntimeError, IndexError)):
+        with torch.no_grad():
+            q(torch.randn(5, moe_tests.H), idx, w)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # CUDA
 
 
