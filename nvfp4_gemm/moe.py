@@ -25,7 +25,8 @@ Each expert keeps its own per-tensor scales; gate and up of one expert may share
 as ModelOpt's and llm-compressor's exports do) or not (a checkpoint that did not).
 
 Forward, all on the device, no host sync (CUDA-graph and torch.compile safe):
-    route   the T*k (token, expert) pairs sorted by expert (stable), counts per expert, offs = cumsum
+    route   the T*k (token, expert) pairs sorted by expert (stable), the per-expert row ends offs, the token of
+            each sorted row and the sorted row of each pair: one _moe_route call (one kernel at decode sizes)
     gate_up grouped GEMM of the gathered rows: [S, 2I]; SiLU(gate) * up in x's dtype (transformers' order)
     down    grouped GEMM: [S, H]; times the top-k weight in fp32, the k rows of a token summed in fp32,
             rounded once to x's dtype (transformers' grouped_mm backend sums the same way)
@@ -315,20 +316,54 @@ def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
     return _GROUPED_MM(a, b, sfa, sfb, offs, alpha, out_dtype)
 
 
+_MOE_ROUTE = torch.ops.nvfp4_gemm._moe_route.default
+_MOE_ROUTE_MAX_EXPERTS = 4096  # csrc/bindings/moe_route.h kMoeRouteMaxExperts
+
+
+@torch.library.register_fake("nvfp4_gemm::_moe_route")
+def _moe_route_fake(top_k_index, num_experts):
+    op = "nvfp4_gemm._moe_route"
+    torch._check(top_k_index.dim() == 2,
+                 lambda: f"{op}: top_k_index must be 2-D [T, k], got shape {tuple(top_k_index.shape)}")
+    torch._check(top_k_index.dtype in (torch.int64, torch.int32),
+                 lambda: f"{op}: top_k_index must be int64 or int32 expert ids, got {top_k_index.dtype}")
+    torch._check(1 <= num_experts <= _MOE_ROUTE_MAX_EXPERTS,
+                 lambda: f"{op}: num_experts must be in [1, {_MOE_ROUTE_MAX_EXPERTS}], got {num_experts}")
+    s = top_k_index.shape[0] * top_k_index.shape[1]
+    return (top_k_index.new_empty((num_experts,), dtype=torch.int32),
+            top_k_index.new_empty((s,), dtype=torch.int64), top_k_index.new_empty((s,), dtype=torch.int64))
+
+
+def moe_route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routing of the T x k (token, slot) pairs, pair p = t * k + slot, on top_k_index's device without a host
+    sync (one kernel on CUDA for T * k <= 8192): (offs int32 [E], row_token int64 [S], inverse int64 [S]),
+    S = T * k. The pairs sorted by expert id, stably (ascending p within an expert: torch.sort(ids, stable=True)'s
+    order); offs[e] = the rows of experts 0..e (grouped_mm's offs), row_token[r] = the token of sorted row r,
+    inverse[p] = the sorted row of pair p. An id outside [0, E) (transformers' expert-parallel sentinel E) is in
+    no expert: those pairs take the rows after offs[E-1], in pair order (for the id E alone, torch.sort's order
+    too), and row_token / inverse cover them."""
+    return _MOE_ROUTE(top_k_index, num_experts)
+
+
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
-    sorted row, and the per-expert row ends (offs) the grouped GEMM reads on the device."""
+    sorted row, the sorted row of each pair and the per-expert row ends (offs) the grouped GEMM reads on the
+    device: one _moe_route call (moe_route). The ids must lie in [0, E) (every row in a group: grouped_mm's
+    rule; the CPU backend raises otherwise)."""
 
     def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
-        ids = top_k_index.reshape(-1)
         self.k = top_k_index.shape[-1]
-        self.s = ids.numel()
-        self.expert, self.perm = torch.sort(ids, stable=True)      # pair order within an expert: token order
-        self.token = self.perm // self.k                            # the token of each sorted row
-        counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
-        counts.scatter_add_(0, self.expert, torch.ones_like(self.expert, dtype=torch.int32))
-        self.offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        self.s = top_k_index.numel()
         self.num_experts = num_experts
+        self._ids = top_k_index
+        self.offs, self.token, self.inverse = _MOE_ROUTE(top_k_index.reshape(-1, self.k), num_experts)
+
+    @property
+    def expert(self) -> torch.Tensor:
+        """The expert id of each sorted row (top_k_index's dtype, [S]), formed on each access (one scatter)
+        for the paths that need it: gate and up with their own alphas, calibration."""
+        ids = self._ids.reshape(-1)
+        return torch.empty_like(ids).scatter_(0, self.inverse, ids)
 
 
 def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None, uniform: bool,
@@ -390,7 +425,8 @@ def _gate_up_own_alphas(mod: NVFP4Experts, x: torch.Tensor, routing: _Routing) -
     part's own alpha (fl(input decode * its weight_scale_2), or its weight_scale_2 weight-only) on the float32
     GEMM result, then one rounding to x's dtype."""
     i = mod.intermediate_dim
-    ws2 = mod.gate_up_proj_weight_scale_2.float()[routing.expert]  # [S, 2]
+    expert = routing.expert
+    ws2 = mod.gate_up_proj_weight_scale_2.float()[expert]  # [S, 2]
     if mod.weight_only:
         acc = _gemm(mod, "gate_up_proj", x, routing, routing.token, torch.float32, part=0)
         alpha = ws2
@@ -400,7 +436,7 @@ def _gate_up_own_alphas(mod: NVFP4Experts, x: torch.Tensor, routing: _Routing) -
         for p in parts:
             acc_p, dec = _gemm(mod, "gate_up_proj", x, routing, routing.token, torch.float32, part=p)
             accs.append(acc_p)
-            decodes.append(dec[routing.expert].reshape(-1, 1) if dec.numel() > 1 else dec.reshape(1, 1))
+            decodes.append(dec[expert].reshape(-1, 1) if dec.numel() > 1 else dec.reshape(1, 1))
         if len(parts) == 2:  # each part's columns from the GEMM whose A was quantized with that part's scale
             acc = torch.cat([accs[0][:, :i], accs[1][:, i:]], dim=1)
             decode = torch.cat([decodes[0].expand(acc.shape[0], 1), decodes[1].expand(acc.shape[0], 1)], dim=1)
@@ -439,9 +475,7 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
     down = _gemm(mod, "down_proj", inter, routing, None, dtype)
     # back to (token, slot) order by a gather (one pass, no zero fill; inductor fuses it with what follows),
     # the top-k weight in fp32, the k slots of a token summed in fp32 (deterministic: no atomics), one rounding
-    inv = torch.empty_like(routing.perm)
-    inv.scatter_(0, routing.perm, torch.arange(routing.s, device=x.device, dtype=routing.perm.dtype))
-    y = down[inv].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
+    y = down[routing.inverse].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
     y = y.sum(dim=1)
     return y if mod.__dict__.get("_ep_float32_output", False) else y.to(dtype)
 
@@ -581,9 +615,9 @@ def calibrate_static(model: nn.Module, names: list[str], calibrate) -> list[str]
 
     def observer(name, m):
         def record(routing, x, inter):
-            acc = seen[name]
-            acc[0] = torch.maximum(acc[0], _row_amax_per_expert(x[routing.token], routing.expert, m.num_experts))
-            acc[1] = torch.maximum(acc[1], _row_amax_per_expert(inter, routing.expert, m.num_experts))
+            acc, expert = seen[name], routing.expert
+            acc[0] = torch.maximum(acc[0], _row_amax_per_expert(x[routing.token], expert, m.num_experts))
+            acc[1] = torch.maximum(acc[1], _row_amax_per_expert(inter, expert, m.num_experts))
         return record
 
     for n, m in mods.items():
