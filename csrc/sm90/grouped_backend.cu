@@ -18,6 +18,7 @@
 #include "sm90/backend.h"
 #include "sm90/grouped.h"
 #include "sm90/grouped_wk.cuh"
+#include "sm90/tensor_map.h"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -48,10 +49,15 @@ constexpr GwkCtasFn kGwkCtas[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUP
 #define NVFP4_SM90_GROUPED_TOKENS(T, S, B) T,
 constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKENS)};
 #undef NVFP4_SM90_GROUPED_TOKENS
+constexpr int kNumGwk = sizeof(kGwkTokens) / sizeof(kGwkTokens[0]);
+// The K-sliced configs, then the wgmma one (grouped_wgmma.cu).
 #define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
-constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)};
+constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)
+                                             NVFP4_SM90_GROUPED_WGMMA_NAME};
 #undef NVFP4_SM90_GROUPED_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
+constexpr int kWgmmaConfig = kNumGwk;
+static_assert(kNumGrouped == kNumGwk + 1, "one wgmma config after the K-sliced ones");
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
               "the launch tables' columns are AType values");
@@ -66,6 +72,9 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // config (one CTA per SM) lost to the 16-token one at 16, 64 and 128 rows per group (275.4 / 735.3 / 6865 us
 // against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
+// Rows per group (on average) from which the wgmma config runs (weight-only A): a B tile decoded once per 64 rows
+// of a group instead of once per 16. Not measured yet: the crossing is expected between 16 and 64 rows per group.
+constexpr int64_t kWgmmaFromRowsPerGroup = 32;
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -122,11 +131,6 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
   if (p->t < 0 || p->t > (int64_t{1} << 30) || p->n < 8 || p->n > (int64_t{1} << 30) || p->k > (int64_t{1} << 30))
     return no("sm90 grouped: T and N must be within 2^30 (32-bit indexing), got T %lld, N %lld",
               static_cast<long long>(p->t), static_cast<long long>(p->n));
-  const int64_t tokens = kGwkTokens[config];
-  const int64_t max_tiles = (ceil_div(p->t, tokens) + p->g) * ceil_div(p->n, kWkRows);
-  if (max_tiles > (int64_t{1} << 30) / kGwkMaxSplits)
-    return no("sm90 grouped: (T / %lld + G) x N / 128 = %lld work items exceed the kernel's 32-bit work indices",
-              static_cast<long long>(tokens), static_cast<long long>(max_tiles));
   auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
   if (misaligned(p->a) || misaligned(p->b) || misaligned(p->sfb) || p->lda % 16 != 0 || p->ldb % 16 != 0 ||
       p->b_group_bytes % 16 != 0 || (a4_of(*p) && p->t > 0 && misaligned(p->sfa)))
@@ -136,6 +140,12 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
   if (p->ldb < p->k / 2 || p->b_group_bytes < p->n * p->ldb)
     return no("sm90 grouped: b's rows must not overlap (ldb %lld >= K/2, b_group_bytes %lld >= N x ldb)",
               static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
+  if (config == kWgmmaConfig) return grouped_wgmma_check(*p, why, why_len);
+  const int64_t tokens = kGwkTokens[config];
+  const int64_t max_tiles = (ceil_div(p->t, tokens) + p->g) * ceil_div(p->n, kWkRows);
+  if (max_tiles > (int64_t{1} << 30) / kGwkMaxSplits)
+    return no("sm90 grouped: (T / %lld + G) x N / 128 = %lld work items exceed the kernel's 32-bit work indices",
+              static_cast<long long>(tokens), static_cast<long long>(max_tiles));
   if (a4_of(*p) && p->t > 0) {  // T = 0 writes nothing and reads no scale
     if (p->sfa == nullptr || p->sfa_rows < kSfAtomRows || p->sfa_rows % kSfAtomRows != 0)
       return no("sm90 grouped: NVFP4 A needs sfa with a positive multiple of 128 padded rows, got %lld",
@@ -150,6 +160,7 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
+  if (p->t >= kWgmmaFromRowsPerGroup * p->g && check(p, kWgmmaConfig, dev, nullptr, 0)) return kWgmmaConfig;
   const int config = p->t >= kGwk16FromRowsPerGroup * p->g ? 1 : 0;
   static_assert(std::size(kGwkTokens) == 2 && kGwkTokens[0] == 8 && kGwkTokens[1] == 16,
                 "select names the 8- and 16-token configs");
@@ -162,36 +173,8 @@ bool can_run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, cha
 
 size_t workspace_bytes(const GroupedProblem* p, int32_t config, const DeviceInfo* dev) {
   if (config < 0 || config >= kNumGrouped || dev == nullptr) return 0;
+  if (config == kWgmmaConfig) return grouped_wgmma_workspace(*p);
   return static_cast<size_t>(layout_of(*p, config, dev).bytes());
-}
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// Through the runtime's driver entry point, so the module needs no link against libcuda.
-EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (consumed(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q)) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      ptr = nullptr;
-    return reinterpret_cast<EncodeTiledFn>(ptr);
-  }();
-  return fn;
-}
-
-// A tensor map of `rank` dims (innermost first), SWIZZLE_128B, out-of-bounds elements read as zero.
-bool encode(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* base, const cuuint64_t* dims,
-            const cuuint64_t* strides, const cuuint32_t* box) {
-  EncodeTiledFn fn = encode_tiled();
-  if (!fn) return false;
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return fn(map, dtype, rank, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Tests (torch.ops.nvfp4_gemm._sm90_grouped_workspace_counters): every following split launch counts on
@@ -225,6 +208,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
          cudaStream_t stream, char* err, size_t err_len) {
   if (!check(p, config, dev, err, err_len)) return false;
   if (p->t == 0) return true;  // no rows: nothing to write
+  if (config == kWgmmaConfig) return grouped_wgmma_run(*p, *dev, workspace, ws_bytes, stream, err, err_len);
   const Layout lay = layout_of(*p, config, dev);
   if (ws_bytes < static_cast<size_t>(lay.bytes()) || workspace == nullptr) {
     set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
@@ -241,7 +225,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
   const CUtensorMapDataType a_dtype = a4 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                       : p->a_type == AType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  if (!encode(&gp.tmap_a, a_dtype, 2, p->a, a_dims, a_strides, a_box)) {
+  if (!encode_map(&gp.tmap_a, a_dtype, 2, p->a, a_dims, a_strides, a_box, CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for A");
     return false;
   }
@@ -250,7 +234,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
                                 static_cast<cuuint64_t>(p->g)};
   const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p->ldb), static_cast<cuuint64_t>(p->b_group_bytes)};
   const cuuint32_t b_box[3] = {kWkK / 2, kWkRows, 1};
-  if (!encode(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p->b, b_dims, b_strides, b_box)) {
+  if (!encode_map(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p->b, b_dims, b_strides, b_box, CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");
     return false;
   }
@@ -299,6 +283,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
+         "T >= 32 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

@@ -49,6 +49,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "common/pdl.h"
@@ -107,6 +108,29 @@ struct GemmParams {
   OutDtype out_dtype;
   int staged_c;           // 1: c and ldc allow 16-byte stores, so a whole tile may be staged in shared memory first
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
+  // The grouped form (gemm_kernel<..., GROUPED = true>, grouped_backend.cu): rows [offs[g-1], offs[g]) of A_dec
+  // (all T rows, m = T) times group g of B, alpha[g] per group. tmap_b is 3-D [g][n][k/2] then, tmap_sf's rows
+  // of each group start sf_group_rows apart, and the tiles come from offs on the device (GroupedTiles).
+  const int32_t* offs;    // [groups], nullptr in the dense form
+  int groups;
+  int sf_group_rows;      // 256-byte scale rows per group: ceil(n / 128) * sf_atoms_per_row * 2
+};
+
+// Groups the grouped form takes: its per-group table lives in static shared memory beside the pipeline.
+inline constexpr int kWgmmaMaxGroups = 512;
+
+// The grouped form's work list, built by every CTA from offs at its start: group g owns tiles
+// [first[g], first[g + 1]) (its token tiles times the B-row tiles, token tile major) and rows
+// [row0[g], row0[g] + rows[g]). Offsets are clamped to [0, T] and a decreasing one is an empty group (common/grouped.h).
+struct GroupedTiles {
+  int first[kWgmmaMaxGroups + 1];
+  int row0[kWgmmaMaxGroups];
+  int rows[kWgmmaMaxGroups];
+};
+
+// A tile of the grouped form: its group, B-row tile, first A row and the group's end row.
+struct GroupedTile {
+  int g, tile_w, m_base, m_end;
 };
 
 // Timeline trace of this kernel (NVFP4_GEMM_SM90_TRACE=<file>, backend.cu; sm90/trace.cuh).
@@ -177,19 +201,20 @@ __device__ __forceinline__ void store_c(void* c, int64_t ldc, int m, int n, int 
 }
 
 // Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile; tokens m0, m0+1) as T.
+// Rows from m_end on are not C's (p.m, or the end of the tile's group in the grouped form).
 template <typename T>
-__device__ __forceinline__ void store_quad_as(const GemmParams& p, int n0, int m0, float4 v, float scale) {
-  store_c<T>(p.c, p.ldc, m0, n0, p.m, p.n, v.x * scale);
-  store_c<T>(p.c, p.ldc, m0 + 1, n0, p.m, p.n, v.y * scale);
-  store_c<T>(p.c, p.ldc, m0, n0 + 8, p.m, p.n, v.z * scale);
-  store_c<T>(p.c, p.ldc, m0 + 1, n0 + 8, p.m, p.n, v.w * scale);
+__device__ __forceinline__ void store_quad_as(const GemmParams& p, int n0, int m0, float4 v, float scale, int m_end) {
+  store_c<T>(p.c, p.ldc, m0, n0, m_end, p.n, v.x * scale);
+  store_c<T>(p.c, p.ldc, m0 + 1, n0, m_end, p.n, v.y * scale);
+  store_c<T>(p.c, p.ldc, m0, n0 + 8, m_end, p.n, v.z * scale);
+  store_c<T>(p.c, p.ldc, m0 + 1, n0 + 8, m_end, p.n, v.w * scale);
 }
 
 __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, float4 v, float scale) {
   switch (p.out_dtype) {
-    case OutDtype::kFloat16: store_quad_as<__half>(p, n0, m0, v, scale); break;
-    case OutDtype::kBFloat16: store_quad_as<__nv_bfloat16>(p, n0, m0, v, scale); break;
-    default: store_quad_as<float>(p, n0, m0, v, scale); break;
+    case OutDtype::kFloat16: store_quad_as<__half>(p, n0, m0, v, scale, p.m); break;
+    case OutDtype::kBFloat16: store_quad_as<__nv_bfloat16>(p, n0, m0, v, scale, p.m); break;
+    default: store_quad_as<float>(p, n0, m0, v, scale, p.m); break;
   }
 }
 
@@ -211,18 +236,18 @@ __device__ __forceinline__ void stage_quad(uint8_t* tile, int n0, int m0, float4
   r1[n0 + 8] = convert_out<T>(v.w * scale);
 }
 
-// Copies the staged tile to C rows m_base.. and columns n_base.. with 16-byte stores (the consumers' threads, t of
-// `consumers`), element by element where a 16-byte chunk crosses C's edge.
+// Copies the staged tile to C rows m_base.. (below m_end) and columns n_base.. with 16-byte stores (the consumers'
+// threads, t of `consumers`), element by element where a 16-byte chunk crosses C's edge.
 template <typename T>
 __device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t* tile, int rows, int m_base, int n_base,
-                                             int t, int consumers) {
+                                             int m_end, int t, int consumers) {
   constexpr int kRow = staged_row_bytes<T>();
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // values per chunk
   constexpr int kChunks = 128 / kPer;                     // chunks per row
   for (int c = t; c < rows * kChunks; c += consumers) {
     const int m = c / kChunks, k = c % kChunks;
     const int gm = m_base + m, gn = n_base + k * kPer;
-    if (gm >= p.m || gn >= p.n) continue;
+    if (gm >= m_end || gn >= p.n) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(tile + m * kRow + k * 16);
     T* dst = reinterpret_cast<T*>(p.c) + static_cast<int64_t>(gm) * p.ldc + gn;
     if (gn + kPer <= p.n) {
@@ -264,13 +289,60 @@ __device__ __forceinline__ float4 sum_in_order(int n, Load load) {
   return sum;
 }
 
+// The grouped form's work list from offs (GroupedTiles); every thread of the CTA calls it. Returns the tile count.
+template <int TOKENS>
+__device__ __forceinline__ int build_grouped_tiles(const GemmParams& p, GroupedTiles& gt) {
+  const int groups = p.groups, t = p.m;
+  for (int g = threadIdx.x; g < groups; g += kThreads) {
+    const int end = min(max(p.offs[g], 0), t);
+    const int start = g == 0 ? 0 : min(max(p.offs[g - 1], 0), t);
+    const int rows = max(end - start, 0);
+    gt.row0[g] = start;
+    gt.rows[g] = rows;
+    gt.first[g + 1] = (rows + TOKENS - 1) / TOKENS * p.tiles_w;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // an inclusive scan of the tile counts, 32 groups a round
+    const int lane = threadIdx.x;
+    int carry = 0;
+    for (int base = 0; base < groups; base += 32) {
+      int v = base + lane < groups ? gt.first[base + lane + 1] : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(0xFFFFFFFFu, v, d);
+        if (lane >= d) v += x;
+      }
+      if (base + lane < groups) gt.first[base + lane + 1] = carry + v;
+      carry += __shfl_sync(0xFFFFFFFFu, v, 31);
+    }
+    if (lane == 0) gt.first[0] = 0;
+  }
+  __syncthreads();
+  return gt.first[groups];
+}
+
+// The group of a tile (< the tile count): the last g with first[g] <= tile, which is never an empty group.
+template <int TOKENS>
+__device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int groups, int tiles_w, int tile) {
+  int lo = 0, hi = groups;  // first[lo] <= tile < first[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (gt.first[mid] <= tile) lo = mid; else hi = mid;
+  }
+  const int local = tile - gt.first[lo];
+  return {lo, local % tiles_w, gt.row0[lo] + local / tiles_w * TOKENS, gt.row0[lo] + gt.rows[lo]};
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The main kernel. grid = params.grid CTAs of 384 threads: warpgroup 0 produces (one thread issues TMA),
 // warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
 // CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
 // decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
 // E: the 16-bit type of the MMA (A's type in the weight-only form; fp16 for W4A4).
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+// GROUPED: the grouped (mixture-of-experts) form. The grid is one wave; CTA c runs the whole tiles
+// [c * tiles / grid, (c + 1) * tiles / grid) of the work list built from offs (GroupedTiles), so a tile never
+// splits, and each tile reads its group's B and its rows of A_dec and stores the rows of its group only.
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
 __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
@@ -296,11 +368,16 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(smem + STAGES * kStage);
   uint64_t* empty_bar = full_bar + STAGES;
   __shared__ int last_flag;
+  __shared__ std::conditional_t<GROUPED, GroupedTiles, char> gtiles;
 
   const int wg = threadIdx.x / 128;
   const int cta = blockIdx.x;
   int u_begin, u_end;
-  if (p.cluster > 1) {  // K slice cta % (S G) of tile cta / (S G): one segment
+  if constexpr (GROUPED) {
+    const int tiles = build_grouped_tiles<TOKENS>(p, gtiles);
+    u_begin = static_cast<int>(range_start(cta, tiles, p.grid)) * p.ktiles;
+    u_end = static_cast<int>(range_start(cta + 1, tiles, p.grid)) * p.ktiles;
+  } else if (p.cluster > 1) {  // K slice cta % (S G) of tile cta / (S G): one segment
     const int slices = p.cluster * p.cluster_groups;
     const int tile = cta / slices, j = cta % slices;
     u_begin = tile * p.ktiles + j * p.ktiles / slices;
@@ -340,17 +417,29 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
         uint8_t* st = smem + s * kStage;
         Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
-                                     (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
-        cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
+        if constexpr (GROUPED) {
+          const GroupedTile gt = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                       gt.g * p.sf_group_rows + (gt.tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
+          cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2),
+                                       gt.tile_w * kTileW, gt.g);
+        } else {
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
+                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
+        }
       };
       auto load_a = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
-        const int tile_t = tile / p.tiles_w;
+        int row;
+        if constexpr (GROUPED)
+          row = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile).m_base;
+        else
+          row = tile / p.tiles_w * TOKENS;
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
         uint8_t* st = smem + s * kStage;
         for (int b = 0; b < a_blocks; ++b)
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], p.hint_a, st + b * kABytes, kt * KT + 64 * b, tile_t * TOKENS);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], p.hint_a, st + b * kABytes, kt * KT + 64 * b, row);
       };
       const int pre = min(STAGES, u_end - u_begin);
       for (int x = 0; x < pre; ++x) load_b(u_begin + x, x);
@@ -365,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         if (++s == STAGES) s = 0, phase ^= 1;
       }
     }
-    if (p.cluster > 1) {  // the consumers' two cluster barriers (cluster_reduce) count every thread
+    if (!GROUPED && p.cluster > 1) {  // the consumers' two cluster barriers (cluster_reduce) count every thread
       __syncwarp();
       cooperative_groups::this_cluster().sync();
       cooperative_groups::this_cluster().sync();
@@ -459,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     if (lane == 0) EmptyBarrier::arrive(&empty_bar[s]);
   };
 
-  const float scale = out_scale(p.alpha, p.alpha2, p.out_mult);
+  float scale = out_scale(p.alpha, p.alpha2, p.out_mult);  // per tile in the grouped form (alpha[g])
   int i = 0;  // pipeline position, continuous over this CTA's segments
   int seg = 0;
   for (int u = u_begin; u < u_end; ++seg) {
@@ -518,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     for (int a = 1; a < kAcc; ++a)
 #pragma unroll
       for (int x = 0; x < TOKENS / 2; ++x) acc[0][x] += acc[a][x];
-    if (p.cluster > 1) {
+    if (!GROUPED && p.cluster > 1) {
       release(s_last);
       // The S CTAs of this cluster ran S consecutive K slices of the tile. Each stages its sums in its own (now
       // idle) pipeline stages in accumulator order, then CTA r sums token rows [r X / S, (r + 1) X / S) of the
@@ -562,7 +651,18 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       break;  // one segment
     }
 
-    const int tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
+    int n_base, m_base, m_end;  // the tile's first column and row of C, and the end of its rows
+    if constexpr (GROUPED) {
+      const GroupedTile gt = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile);
+      n_base = gt.tile_w * kTileW;
+      m_base = gt.m_base;
+      m_end = gt.m_end;
+      scale = p.alpha ? p.out_mult * p.alpha[gt.g] : p.out_mult;
+    } else {
+      n_base = tile % p.tiles_w * kTileW;
+      m_base = tile / p.tiles_w * TOKENS;
+      m_end = p.m;
+    }
     // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread)): staged in the segment's
     // last stage and copied out with 16-byte stores where C allows it (GemmParams::staged_c) and the tile fits the
     // stage, else stored quad by quad.
@@ -578,11 +678,11 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         if (stage)
           stage_quad<T>(staged, row0, 8 * x + 2 * q, v, scale);
         else
-          store_quad_as<T>(p, tile_w * kTileW + row0, tile_t * TOKENS + 8 * x + 2 * q, v, scale);
+          store_quad_as<T>(p, n_base + row0, m_base + 8 * x + 2 * q, v, scale, m_end);
       });
       if (stage) {
         cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the whole tile is staged
-        store_staged<T>(p, staged, TOKENS, tile_t * TOKENS, tile_w * kTileW, t, 256);
+        store_staged<T>(p, staged, TOKENS, m_base, n_base, m_end, t, 256);
         // The producer's TMA will write this stage next (async proxy) after these generic-proxy writes and reads.
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the stage is released
@@ -598,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     auto own_quad = [&](int x) {
       return make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
     };
-    if (kt0 == 0 && n_kt == p.ktiles) {  // the whole tile is ours
+    if (GROUPED || (kt0 == 0 && n_kt == p.ktiles)) {  // the whole tile is ours (always, in the grouped form)
       output(false, [&](auto&& put) {
 #pragma unroll
         for (int x = 0; x < TOKENS / 8; ++x) put(x, own_quad(x));
@@ -685,26 +785,29 @@ struct LaunchArgs {
   cudaStream_t stream;
 };
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
 cudaError_t allow_gemm_smem() {
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   return smem_limit.run([] {
-    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>,
+    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(TOKENS, KT, STAGES));
   });
 }
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
 cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
-  if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>(); err != cudaSuccess) return err;
+  static_assert(!GROUPED || CTAS_PER_SM * (smem + 1024 + sizeof(GroupedTiles)) <= 233472,
+                "the grouped form's work list fits beside the pipeline");
+  if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>(); err != cudaSuccess)
+    return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
   // so barrier setup, descriptor prefetch and the first B loads overlap it.
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
   if (args.params.cluster > 1)  // a tile's K slices form one cluster
     add_cluster_dim(cfg, dim3(static_cast<unsigned>(args.params.cluster), 1, 1));
-  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, args.params);
+  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>, args.params);
 }
 
 // Clusters of `size` CTAs of this kernel that the current device holds at once (0 where it holds none, or the

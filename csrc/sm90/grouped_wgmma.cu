@@ -1,0 +1,142 @@
+// SM90 grouped GEMM, the form for groups of tens to hundreds of rows (prefill): the wgmma kernel's grouped form
+// (sm90_gemm.cuh, GemmParams::offs) over (group, 64-row token tile, 128-row B tile), where each B tile is decoded
+// once per 64 rows of its group instead of once per 8 or 16 as in the K-sliced configs. Host code; the kernels are
+// instantiated in grouped_wgmma_t64_{f16,bf16}.cu. Torch-free.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "common/grouped.h"
+#include "sm90/grouped.h"
+#include "sm90/sm90_gemm.cuh"
+#include "sm90/tensor_map.h"
+
+namespace nvfp4_gemm::sm90 {
+
+// The config: 64 tokens, 256-K stages, 4 deep (the dense M 33..64 config's pipeline).
+inline constexpr int kGwgTokens = 64, kGwgKt = 256, kGwgStages = 4;
+
+extern template cudaError_t launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kHalf, true>(const LaunchArgs&);
+extern template cudaError_t launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kBf16, true>(const LaunchArgs&);
+
+namespace {
+
+void set_msg(char* buf, size_t len, const char* msg) {
+  if (buf && len) std::snprintf(buf, len, "%s", msg);
+}
+
+// A in the kernel's K order (order_a16_kernel): T rows of K 16-bit values (K % 256 == 0, the table's rule).
+int64_t a_order_bytes(const GroupedProblem& p) { return round_up(p.t * p.k * 2, 256); }
+
+// A in the kernel's order stays below this (the workspace is allocated per call).
+constexpr int64_t kMaxAOrderBytes = int64_t{1} << 31;
+
+}  // namespace
+
+bool grouped_wgmma_check(const GroupedProblem& p, char* why, size_t why_len) {
+  auto no = [&](const char* fmt, auto... args) {
+    if (why && why_len) std::snprintf(why, why_len, fmt, args...);
+    return false;
+  };
+  if (p.a_type != AType::kFloat16 && p.a_type != AType::kBFloat16)
+    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": fp16 or bf16 A only (the weight-only form), got a_type %d",
+              static_cast<int>(p.a_type));
+  if (p.g > kWgmmaMaxGroups)
+    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": at most %d groups, got %lld", kWgmmaMaxGroups,
+              static_cast<long long>(p.g));
+  if (a_order_bytes(p) > kMaxAOrderBytes)
+    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": T x K = %lld x %lld needs more than 2 GiB of workspace",
+              static_cast<long long>(p.t), static_cast<long long>(p.k));
+  // The kernel's (tile, K tile) units are 32-bit: at most (T / 64 + G) tiles of each B-row tile.
+  const int64_t units = (ceil_div(p.t, int64_t{kGwgTokens}) + p.g) * ceil_div(p.n, int64_t{kTileW}) * (p.k / kGwgKt);
+  if (units >= (int64_t{1} << 31))
+    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": %lld work units exceed the kernel's 32-bit indices",
+              static_cast<long long>(units));
+  return true;
+}
+
+size_t grouped_wgmma_workspace(const GroupedProblem& p) { return static_cast<size_t>(a_order_bytes(p)); }
+
+bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* workspace, size_t ws_bytes,
+                       cudaStream_t stream, char* err, size_t err_len) {
+  if (workspace == nullptr || ws_bytes < grouped_wgmma_workspace(p)) {
+    set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
+    return false;
+  }
+  const bool bf16 = p.a_type == AType::kBFloat16;
+  const int sf_atoms_per_row = static_cast<int>(p.k / 64);
+  const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{kTileW}));
+  LaunchArgs args{};
+  GemmParams& gp = args.params;
+  // B: [g][n][k/2] bytes, one (K tile, 128-row block, group) box a stage; rows past N read as zero.
+  const cuuint64_t b_dims[3] = {static_cast<cuuint64_t>(p.k / 2), static_cast<cuuint64_t>(p.n),
+                                static_cast<cuuint64_t>(p.g)};
+  const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p.ldb), static_cast<cuuint64_t>(p.b_group_bytes)};
+  const cuuint32_t b_box[3] = {kGwgKt / 2, kTileW, 1};
+  if (!encode_map(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p.b, b_dims, b_strides, b_box,
+                  CU_TENSOR_MAP_SWIZZLE_128B)) {
+    set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");
+    return false;
+  }
+  // B's scales as rows of 256 bytes (half an atom), the groups' blocked scales one after another.
+  gp.sf_group_rows = tiles_w * sf_atoms_per_row * 2;
+  if (!encode_2d(&gp.tmap_sf, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.sfb, 256,
+                 static_cast<uint64_t>(p.g) * static_cast<uint64_t>(gp.sf_group_rows), 256, 256, 2 * kGwgKt / 64,
+                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
+    set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B's scales");
+    return false;
+  }
+  auto* a_order = static_cast<uint16_t*>(workspace);
+  if (!encode_2d(&gp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_order,
+                 static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.t), static_cast<uint64_t>(p.k * 2), 64,
+                 kGwgTokens, CU_TENSOR_MAP_SWIZZLE_128B)) {
+    set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for A in the kernel's order");
+    return false;
+  }
+  // A is re-read by every B-row tile of its token tile (EVICT_LAST); B by every token tile of its group.
+  constexpr uint64_t kEvictNormal = 0x1000000000000000ull, kEvictLast = 0x14F0000000000000ull;
+  gp.sfb = p.sfb;
+  gp.hint_a = kEvictLast;
+  gp.hint_b = kEvictNormal;
+  gp.alpha = p.alpha;  // [g] in the grouped form
+  gp.c = p.c;
+  gp.ldc = p.ldc;
+  gp.m = static_cast<int>(p.t);
+  gp.n = static_cast<int>(p.n);
+  gp.k = static_cast<int>(p.k);
+  gp.sf_atoms_per_row = sf_atoms_per_row;
+  gp.ktiles = static_cast<int>(p.k / kGwgKt);
+  gp.tiles_w = tiles_w;
+  gp.grid = dev.num_sms;  // one wave of whole tiles (one CTA per SM)
+  gp.cluster = 1;
+  gp.cluster_groups = 1;
+  gp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales; 16-bit A is taken as it is
+  gp.out_dtype = p.out_dtype;
+  gp.staged_c = 1;  // c is 16-byte aligned and ldc * sizeof(out) a multiple of 16 (common/grouped.h)
+  gp.offs = p.offs;
+  gp.groups = static_cast<int>(p.g);
+  args.stream = stream;
+  const int64_t threads = p.t * (p.k / 64) * 8;  // one 16-byte vector a thread
+  order_a16_kernel<<<static_cast<unsigned>(ceil_div(threads, int64_t{256})), 256, 0, stream>>>(
+      p.a, p.lda, static_cast<int>(p.t), static_cast<int>(p.k), a_order, static_cast<int>(p.k), nullptr, 0);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    if (err && err_len)
+      std::snprintf(err, err_len, "sm90 grouped %s: launching the A prepass failed: %s", NVFP4_SM90_GROUPED_WGMMA_NAME,
+                    cudaGetErrorString(e));
+    return false;
+  }
+  const cudaError_t e = bf16 ? launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kBf16, true>(args)
+                             : launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kHalf, true>(args);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (err && err_len)
+      std::snprintf(err, err_len, "sm90 grouped %s: launch failed (grid %d, %d bytes of shared memory): %s",
+                    NVFP4_SM90_GROUPED_WGMMA_NAME, gp.grid, smem_bytes(kGwgTokens, kGwgKt, kGwgStages),
+                    cudaGetErrorString(e));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace nvfp4_gemm::sm90
