@@ -36,9 +36,10 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
 CONFIGS = (-1, 0, 1)  # select's pick, the 8- and 16-token configs
-WGMMA = 2  # the wgmma config (64-row token tiles; fp16 / bf16 A only)
-WGMMA_NAME = "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs"
-DENSE_T64 = "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs"  # the dense config whose pipeline the wgmma config shares
+# The wgmma configs (64- and 128-row token tiles; fp16 / bf16 A only), by index and name.
+WGMMA_CONFIGS = {2: "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_grouped_w128xt128xk128_s5_b1_ws_rs"}
+# The dense configs whose pipelines they share.
+DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs"}
 
 
 @pytest.fixture(autouse=True)
@@ -209,48 +210,51 @@ def test_select_rows_per_group(a_kind):
         check_grouped(x, run_grouped(x), f"select counts {counts}")
 
 
+@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128"])
 @pytest.mark.parametrize("a_kind", [F16, BF16], ids=["f16", "bf16"])
-def test_wgmma_config_random_routings(a_kind):
-    """The wgmma config on routings of tens to hundreds of rows per group (uniform and skewed: empty groups, one
+def test_wgmma_config_random_routings(a_kind, config):
+    """A wgmma config on routings of tens to hundreds of rows per group (uniform and skewed: empty groups, one
     group holding most rows, groups of one row), T not a multiple of 64, N not a multiple of 128, every output dtype,
-    alpha or none; and select takes it from 32 rows per group on average."""
-    rng = random.Random(40)
+    alpha or none; and select takes the 64-token one from 40 rows per group on average."""
+    rng = random.Random(40 + config)
     for case in range(10):
         G = rng.choice([1, 3, 8, 33])
-        T = rng.randint(1, 90 * G)
+        T = rng.randint(1, 200 * G)
         n = rng.choice([136, 256, 392])
         k = 256 * rng.choice([1, 3, 8])
         counts = random_counts(rng, G, T, skew=case % 2 == 1)
         out_dtype = (F16, BF16, F32)[case % 3]
         x = make_grouped(counts, n, k, a_kind, out_dtype=out_dtype, alpha=case % 4 != 0, seed=100 + case)
-        check_grouped(x, run_grouped(x, WGMMA), f"case {case} G {G} N {n} K {k} counts {counts} out {out_dtype}")
+        check_grouped(x, run_grouped(x, config), f"case {case} G {G} N {n} K {k} counts {counts} out {out_dtype}")
     counts = [100, 0, 1, 60]
     x = make_grouped(counts, 256, 512, a_kind, out_dtype=F16, seed=3)
     with nvfp4_gemm.testing.recorded_choices() as lines:
         out = nvfp4_gemm.grouped_mm(x["a"], x["b"], None, x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F16)
     check_grouped(x, out, "select")
-    assert any(WGMMA_NAME in line for line in lines), lines
+    assert any(WGMMA_CONFIGS[2] in line for line in lines), lines
 
 
+@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128"])
 @pytest.mark.parametrize("a_kind", [F16, BF16], ids=["f16", "bf16"])
-def test_wgmma_config_same_bits_as_dense_mm(a_kind):
-    """Each group's rows are bit for bit the dense 64-token wgmma config's on that group alone (one split): the same
-    decode, the same tiles from the group's first row, the same MMA order, alpha and rounding."""
-    x = make_grouped([70, 0, 129, 1, 64], 264, 1024, a_kind, out_dtype=BF16, seed=21)
-    out = run_grouped(x, WGMMA)
-    with nvfp4_gemm.testing.forced(backend="sm90", config=DENSE_T64, splits=1):
+def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):
+    """Each group's rows are bit for bit the dense wgmma config's of the same pipeline on that group alone (one
+    split): the same decode, the same tiles from the group's first row, the same MMA order, alpha and rounding."""
+    x = make_grouped([70, 0, 129, 1, 64, 300], 264, 1024, a_kind, out_dtype=BF16, seed=21)
+    out = run_grouped(x, config)
+    with nvfp4_gemm.testing.forced(backend="sm90", config=DENSE_OF[config], splits=1):
         for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
             if m == 0:
                 continue
             dense = nvfp4_gemm.mm(x["a"][s:s + m], x["b"][i], None, x["sfb"][i], x["alpha"][i:i + 1],
                                   out_dtype=BF16)
-            assert torch.equal(out[s:s + m], dense), f"group {i}: grouped wgmma != dense {DENSE_T64}"
+            assert torch.equal(out[s:s + m], dense), f"group {i}: grouped wgmma != dense {DENSE_OF[config]}"
 
 
 def test_wgmma_config_refuses_nvfp4_a():
     x = make_grouped([40, 50], 128, 256, E2M1)
-    with pytest.raises(RuntimeError, match="fp16 or bf16 A only"):
-        run_grouped(x, WGMMA)
+    for config in WGMMA_CONFIGS:
+        with pytest.raises(RuntimeError, match="fp16 or bf16 A only"):
+            run_grouped(x, config)
 
 
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
@@ -291,7 +295,7 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
         x["offs"] = torch.tensor(offs, dtype=torch.int32, device="cuda")
         buf = torch.full((T + 64, n), -7.0, dtype=F32, device="cuda")
         out = buf[32:32 + T]
-        for config in (0, WGMMA) if a_kind != E2M1 else (0,):
+        for config in (0, *WGMMA_CONFIGS) if a_kind != E2M1 else (0,):
             run_grouped(x, config, out=out)
             torch.cuda.synchronize()
             assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
@@ -312,7 +316,8 @@ def test_sfa_too_small_for_routing_gives_nan_rows(config):
     check_grouped(x, out, f"config {config}")
 
 
-@pytest.mark.parametrize("a_kind,config", [(BF16, 0), (E2M1, 0), (BF16, WGMMA)], ids=["bf16", "e2m1", "bf16-wgmma"])
+@pytest.mark.parametrize("a_kind,config", [(BF16, 0), (E2M1, 0), (BF16, 2), (F16, 3)],
+                         ids=["bf16", "e2m1", "bf16-t64", "f16-t128"])
 def test_graph_replay_follows_routing(a_kind, config):
     """A captured grouped call replayed after offs changed in place: each replay follows its routing (the work
     list is built on the device)."""

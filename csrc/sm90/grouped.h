@@ -14,22 +14,28 @@
 
 #define NVFP4_SM90_GROUPED_NAME(T, S, B) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
 
-// The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): 128 B rows x 64 rows of a
-// group per tile, 256-K stages, 4 deep, one CTA per SM; the weight-only forms (fp16 / bf16 A). Config index
-// kNumGwkConfigs in the grouped table, after the K-sliced ones.
-#define NVFP4_SM90_GROUPED_WGMMA_NAME "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs"
+// The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): X(TOKENS, KT, STAGES), 128 B
+// rows x TOKENS rows of a group per tile, KT-wide stages, STAGES deep, one CTA per SM (the pipelines of the dense
+// 64- and 128-token configs); the weight-only forms (fp16 / bf16 A). In the grouped table after the K-sliced ones.
+#define NVFP4_SM90_GROUPED_WGMMA_CONFIGS(X) \
+  X(64, 256, 4)                             \
+  X(128, 128, 5)
+
+#define NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S) "sm90_nvfp4_grouped_w128xt" #T "xk" #KT "_s" #S "_b1_ws_rs"
 
 namespace nvfp4_gemm::sm90 {
 const GroupedBackendApi& grouped_api();
 
-// The wgmma grouped config's own conditions, beyond the grouped table's common ones (grouped_backend.cu check):
-// true, or false with the reason in `why`.
-bool grouped_wgmma_check(const GroupedProblem& p, char* why, size_t why_len);
-// Its workspace: A in the kernel's K order, all T rows.
+inline constexpr int kNumGroupedWgmma = 2;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
+
+// A wgmma grouped config's own conditions (wgmma_config: its index in NVFP4_SM90_GROUPED_WGMMA_CONFIGS), beyond the
+// grouped table's common ones (grouped_backend.cu check): true, or false with the reason in `why`.
+bool grouped_wgmma_check(const GroupedProblem& p, int wgmma_config, char* why, size_t why_len);
+// Their workspace: A in the kernel's K order, all T rows.
 size_t grouped_wgmma_workspace(const GroupedProblem& p);
-// Its launch (the A prepass, then the kernel); p passed the checks.
-bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* workspace, size_t ws_bytes,
-                       cudaStream_t stream, char* err, size_t err_len);
+// A launch (the A prepass, then the kernel); p passed the checks.
+bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceInfo& dev, void* workspace,
+                       size_t ws_bytes, cudaStream_t stream, char* err, size_t err_len);
 
 // Tests and benchmarks: forces the split count of every following grouped launch in this process where the
 // kernel's buffers allow it (0: automatic, the default). Returns the previous value.

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -50,14 +51,17 @@ constexpr GwkCtasFn kGwkCtas[][3] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUP
 constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKENS)};
 #undef NVFP4_SM90_GROUPED_TOKENS
 constexpr int kNumGwk = sizeof(kGwkTokens) / sizeof(kGwkTokens[0]);
-// The K-sliced configs, then the wgmma one (grouped_wgmma.cu).
+// The K-sliced configs, then the wgmma ones (grouped_wgmma.cu).
 #define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
+#define NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY(T, KT, S) NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S),
 constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)
-                                             NVFP4_SM90_GROUPED_WGMMA_NAME};
+                                             NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY)};
 #undef NVFP4_SM90_GROUPED_NAME_ENTRY
+#undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
-constexpr int kWgmmaConfig = kNumGwk;
-static_assert(kNumGrouped == kNumGwk + 1, "one wgmma config after the K-sliced ones");
+static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
+constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1;
+constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
               "the launch tables' columns are AType values");
@@ -72,9 +76,13 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // config (one CTA per SM) lost to the 16-token one at 16, 64 and 128 rows per group (275.4 / 735.3 / 6865 us
 // against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
-// Rows per group (on average) from which the wgmma config runs (weight-only A): a B tile decoded once per 64 rows
-// of a group instead of once per 16. Not measured yet: the crossing is expected between 16 and 64 rows per group.
-constexpr int64_t kWgmmaFromRowsPerGroup = 32;
+// Rows per group (on average) from which the wgmma configs run (weight-only A), each B tile decoded once per 64 or
+// 128 rows of a group instead of once per 16. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced):
+// 16-token / 64-token config at 16 rows per group 203.1 / 293.6 us (Qwen3-30B-A3B, 256 tokens) and 477.4 / 503.4
+// (Mixtral-8x7B, 64), at 32 rows 5240 / 5353 (DeepSeek-V3, 1024), at 64 rows 596.3 / 442.4 (Qwen3, 1024) and
+// 1208 / 693.5 (Mixtral, 256). The 128-token config's threshold is not measured yet.
+constexpr int64_t kWgmma64FromRowsPerGroup = 40;
+constexpr int64_t kWgmma128FromRowsPerGroup = 160;
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -140,7 +148,7 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
   if (p->ldb < p->k / 2 || p->b_group_bytes < p->n * p->ldb)
     return no("sm90 grouped: b's rows must not overlap (ldb %lld >= K/2, b_group_bytes %lld >= N x ldb)",
               static_cast<long long>(p->ldb), static_cast<long long>(p->b_group_bytes));
-  if (config == kWgmmaConfig) return grouped_wgmma_check(*p, why, why_len);
+  if (is_wgmma(config)) return grouped_wgmma_check(*p, config - kNumGwk, why, why_len);
   const int64_t tokens = kGwkTokens[config];
   const int64_t max_tiles = (ceil_div(p->t, tokens) + p->g) * ceil_div(p->n, kWkRows);
   if (max_tiles > (int64_t{1} << 30) / kGwkMaxSplits)
@@ -160,7 +168,9 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  if (p->t >= kWgmmaFromRowsPerGroup * p->g && check(p, kWgmmaConfig, dev, nullptr, 0)) return kWgmmaConfig;
+  for (const auto& [config, from] : {std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
+                                     std::pair{kWgmma64, kWgmma64FromRowsPerGroup}})
+    if (p->t >= from * p->g && check(p, config, dev, nullptr, 0)) return config;
   const int config = p->t >= kGwk16FromRowsPerGroup * p->g ? 1 : 0;
   static_assert(std::size(kGwkTokens) == 2 && kGwkTokens[0] == 8 && kGwkTokens[1] == 16,
                 "select names the 8- and 16-token configs");
@@ -173,7 +183,7 @@ bool can_run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, cha
 
 size_t workspace_bytes(const GroupedProblem* p, int32_t config, const DeviceInfo* dev) {
   if (config < 0 || config >= kNumGrouped || dev == nullptr) return 0;
-  if (config == kWgmmaConfig) return grouped_wgmma_workspace(*p);
+  if (is_wgmma(config)) return grouped_wgmma_workspace(*p);
   return static_cast<size_t>(layout_of(*p, config, dev).bytes());
 }
 
@@ -208,7 +218,8 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
          cudaStream_t stream, char* err, size_t err_len) {
   if (!check(p, config, dev, err, err_len)) return false;
   if (p->t == 0) return true;  // no rows: nothing to write
-  if (config == kWgmmaConfig) return grouped_wgmma_run(*p, *dev, workspace, ws_bytes, stream, err, err_len);
+  if (is_wgmma(config))
+    return grouped_wgmma_run(*p, config - kNumGwk, *dev, workspace, ws_bytes, stream, err, err_len);
   const Layout lay = layout_of(*p, config, dev);
   if (ws_bytes < static_cast<size_t>(lay.bytes()) || workspace == nullptr) {
     set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
@@ -283,7 +294,8 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 32 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME "\n"
+         "T >= 40 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
+         "T >= 160 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

@@ -1,7 +1,7 @@
 // SM90 grouped GEMM, the form for groups of tens to hundreds of rows (prefill): the wgmma kernel's grouped form
-// (sm90_gemm.cuh, GemmParams::offs) over (group, 64-row token tile, 128-row B tile), where each B tile is decoded
-// once per 64 rows of its group instead of once per 8 or 16 as in the K-sliced configs. Host code; the kernels are
-// instantiated in grouped_wgmma_t64_{f16,bf16}.cu. Torch-free.
+// (sm90_gemm.cuh, GemmParams::offs) over (group, token tile, 128-row B tile), where each B tile is decoded once per
+// 64 or 128 rows of its group instead of once per 8 or 16 as in the K-sliced configs. Host code; the kernels are
+// instantiated in grouped_wgmma_t{64,128}_{f16,bf16}.cu. Torch-free.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -14,13 +14,25 @@
 
 namespace nvfp4_gemm::sm90 {
 
-// The config: 64 tokens, 256-K stages, 4 deep (the dense M 33..64 config's pipeline).
-inline constexpr int kGwgTokens = 64, kGwgKt = 256, kGwgStages = 4;
-
-extern template cudaError_t launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kHalf, true>(const LaunchArgs&);
-extern template cudaError_t launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kBf16, true>(const LaunchArgs&);
+#define NVFP4_SM90_GROUPED_WGMMA_EXTERN(T, KT, S)                                                   \
+  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kHalf, true>(const LaunchArgs&);       \
+  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kBf16, true>(const LaunchArgs&);
+NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_EXTERN)
+#undef NVFP4_SM90_GROUPED_WGMMA_EXTERN
 
 namespace {
+
+struct GwgConfig {
+  const char* name;
+  int tokens, kt, stages;
+  cudaError_t (*launch[2])(const LaunchArgs&);  // fp16, bf16 A
+};
+#define NVFP4_SM90_GROUPED_WGMMA_ENTRY(T, KT, S) \
+  {NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S), T, KT, S,  \
+   {&launch_gemm<T, KT, S, 1, Elem::kHalf, true>, &launch_gemm<T, KT, S, 1, Elem::kBf16, true>}},
+constexpr GwgConfig kGwg[] = {NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_ENTRY)};
+#undef NVFP4_SM90_GROUPED_WGMMA_ENTRY
+static_assert(sizeof(kGwg) / sizeof(kGwg[0]) == kNumGroupedWgmma, "grouped.h counts the wgmma configs");
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -34,32 +46,34 @@ constexpr int64_t kMaxAOrderBytes = int64_t{1} << 31;
 
 }  // namespace
 
-bool grouped_wgmma_check(const GroupedProblem& p, char* why, size_t why_len) {
+bool grouped_wgmma_check(const GroupedProblem& p, int wgmma_config, char* why, size_t why_len) {
+  const GwgConfig& c = kGwg[wgmma_config];
   auto no = [&](const char* fmt, auto... args) {
-    if (why && why_len) std::snprintf(why, why_len, fmt, args...);
+    if (why && why_len) {
+      const int n = std::snprintf(why, why_len, "sm90 grouped %s: ", c.name);
+      if (n >= 0 && static_cast<size_t>(n) < why_len) std::snprintf(why + n, why_len - n, fmt, args...);
+    }
     return false;
   };
   if (p.a_type != AType::kFloat16 && p.a_type != AType::kBFloat16)
-    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": fp16 or bf16 A only (the weight-only form), got a_type %d",
-              static_cast<int>(p.a_type));
+    return no("fp16 or bf16 A only (the weight-only form), got a_type %d", static_cast<int>(p.a_type));
   if (p.g > kWgmmaMaxGroups)
-    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": at most %d groups, got %lld", kWgmmaMaxGroups,
-              static_cast<long long>(p.g));
+    return no("at most %d groups, got %lld", kWgmmaMaxGroups, static_cast<long long>(p.g));
   if (a_order_bytes(p) > kMaxAOrderBytes)
-    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": T x K = %lld x %lld needs more than 2 GiB of workspace",
-              static_cast<long long>(p.t), static_cast<long long>(p.k));
-  // The kernel's (tile, K tile) units are 32-bit: at most (T / 64 + G) tiles of each B-row tile.
-  const int64_t units = (ceil_div(p.t, int64_t{kGwgTokens}) + p.g) * ceil_div(p.n, int64_t{kTileW}) * (p.k / kGwgKt);
+    return no("T x K = %lld x %lld needs more than 2 GiB of workspace", static_cast<long long>(p.t),
+              static_cast<long long>(p.k));
+  // The kernel's (tile, K tile) units are 32-bit: at most (T / TOKENS + G) tiles of each B-row tile.
+  const int64_t units = (ceil_div(p.t, int64_t{c.tokens}) + p.g) * ceil_div(p.n, int64_t{kTileW}) * (p.k / c.kt);
   if (units >= (int64_t{1} << 31))
-    return no("sm90 grouped " NVFP4_SM90_GROUPED_WGMMA_NAME ": %lld work units exceed the kernel's 32-bit indices",
-              static_cast<long long>(units));
+    return no("%lld work units exceed the kernel's 32-bit indices", static_cast<long long>(units));
   return true;
 }
 
 size_t grouped_wgmma_workspace(const GroupedProblem& p) { return static_cast<size_t>(a_order_bytes(p)); }
 
-bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* workspace, size_t ws_bytes,
-                       cudaStream_t stream, char* err, size_t err_len) {
+bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceInfo& dev, void* workspace,
+                       size_t ws_bytes, cudaStream_t stream, char* err, size_t err_len) {
+  const GwgConfig& c = kGwg[wgmma_config];
   if (workspace == nullptr || ws_bytes < grouped_wgmma_workspace(p)) {
     set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
     return false;
@@ -73,16 +87,16 @@ bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* wor
   const cuuint64_t b_dims[3] = {static_cast<cuuint64_t>(p.k / 2), static_cast<cuuint64_t>(p.n),
                                 static_cast<cuuint64_t>(p.g)};
   const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p.ldb), static_cast<cuuint64_t>(p.b_group_bytes)};
-  const cuuint32_t b_box[3] = {kGwgKt / 2, kTileW, 1};
+  const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(c.kt / 2), kTileW, 1};
   if (!encode_map(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p.b, b_dims, b_strides, b_box,
-                  CU_TENSOR_MAP_SWIZZLE_128B)) {
+                  c.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");
     return false;
   }
   // B's scales as rows of 256 bytes (half an atom), the groups' blocked scales one after another.
   gp.sf_group_rows = tiles_w * sf_atoms_per_row * 2;
   if (!encode_2d(&gp.tmap_sf, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.sfb, 256,
-                 static_cast<uint64_t>(p.g) * static_cast<uint64_t>(gp.sf_group_rows), 256, 256, 2 * kGwgKt / 64,
+                 static_cast<uint64_t>(p.g) * static_cast<uint64_t>(gp.sf_group_rows), 256, 256, static_cast<uint32_t>(2 * c.kt / 64),
                  CU_TENSOR_MAP_SWIZZLE_NONE)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B's scales");
     return false;
@@ -90,7 +104,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* wor
   auto* a_order = static_cast<uint16_t*>(workspace);
   if (!encode_2d(&gp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_order,
                  static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.t), static_cast<uint64_t>(p.k * 2), 64,
-                 kGwgTokens, CU_TENSOR_MAP_SWIZZLE_128B)) {
+                 static_cast<uint32_t>(c.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for A in the kernel's order");
     return false;
   }
@@ -106,7 +120,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* wor
   gp.n = static_cast<int>(p.n);
   gp.k = static_cast<int>(p.k);
   gp.sf_atoms_per_row = sf_atoms_per_row;
-  gp.ktiles = static_cast<int>(p.k / kGwgKt);
+  gp.ktiles = static_cast<int>(p.k / c.kt);
   gp.tiles_w = tiles_w;
   gp.grid = dev.num_sms;  // one wave of whole tiles (one CTA per SM)
   gp.cluster = 1;
@@ -122,17 +136,15 @@ bool grouped_wgmma_run(const GroupedProblem& p, const DeviceInfo& dev, void* wor
       p.a, p.lda, static_cast<int>(p.t), static_cast<int>(p.k), a_order, static_cast<int>(p.k), nullptr, 0);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
     if (err && err_len)
-      std::snprintf(err, err_len, "sm90 grouped %s: launching the A prepass failed: %s", NVFP4_SM90_GROUPED_WGMMA_NAME,
-                    cudaGetErrorString(e));
+      std::snprintf(err, err_len, "sm90 grouped %s: launching the A prepass failed: %s", c.name, cudaGetErrorString(e));
     return false;
   }
-  const cudaError_t e = bf16 ? launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kBf16, true>(args)
-                             : launch_gemm<kGwgTokens, kGwgKt, kGwgStages, 1, Elem::kHalf, true>(args);
+  const cudaError_t e = c.launch[bf16 ? 1 : 0](args);
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (err && err_len)
       std::snprintf(err, err_len, "sm90 grouped %s: launch failed (grid %d, %d bytes of shared memory): %s",
-                    NVFP4_SM90_GROUPED_WGMMA_NAME, gp.grid, smem_bytes(kGwgTokens, kGwgKt, kGwgStages),
+                    c.name, gp.grid, smem_bytes(c.tokens, c.kt, c.stages),
                     cudaGetErrorString(e));
     return false;
   }

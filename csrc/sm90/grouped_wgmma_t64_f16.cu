@@ -1,5 +1,5 @@
-// One instantiation of the wgmma kernel's grouped form (grouped_wgmma.cu): 64 tokens, f16 A. One file per A type
-// so that the build compiles them in parallel.
+// One instantiation of the wgmma kernel's grouped form (grouped_wgmma.cu): 64 tokens, f16 A. One file per config
+// and A type so that the build compiles them in parallel.
 #include "sm90/sm90_gemm.cuh"
 
 namespace nvfp4_gemm::sm90 {
