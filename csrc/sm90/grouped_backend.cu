@@ -77,12 +77,13 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // Rows per group (on average) from which the wgmma configs run (weight-only A), each B tile decoded once per 64 or
-// 128 rows of a group instead of once per 16. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced):
-// 16-token / 64-token config at 16 rows per group 203.1 / 293.6 us (Qwen3-30B-A3B, 256 tokens) and 477.4 / 503.4
-// (Mixtral-8x7B, 64), at 32 rows 5240 / 5353 (DeepSeek-V3, 1024), at 64 rows 596.3 / 442.4 (Qwen3, 1024) and
-// 1208 / 693.5 (Mixtral, 256). The 128-token config's threshold is not measured yet.
+// 128 rows of a group instead of once per 16. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced;
+// 16-token / 64-token / 128-token config, us): 16 rows per group 203.1 / 293.6 / 472.8 (Qwen3-30B-A3B, 256 tokens);
+// 32 rows 5240 / 5353 / 8571 (DeepSeek-V3, 1024); 64 rows 596.3 / 442.4 / 488.1 (Qwen3, 1024) and 1208 / 693.5 /
+// 808.4 (Mixtral-8x7B, 256); 128 rows 18071 / 13150 / 13920 (DeepSeek-V3, 4096); 256 rows 2168 / 1296 / 1191
+// (Qwen3, 4096) and 4346 / 2231 / 2264 (Mixtral, 1024); 1024 rows 16964 / 8429 / 7570 (Mixtral, 4096).
 constexpr int64_t kWgmma64FromRowsPerGroup = 40;
-constexpr int64_t kWgmma128FromRowsPerGroup = 160;
+constexpr int64_t kWgmma128FromRowsPerGroup = 256;
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -295,7 +296,7 @@ const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
          "T >= 40 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
-         "T >= 160 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
+         "T >= 256 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 
