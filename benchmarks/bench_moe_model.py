@@ -59,7 +59,8 @@ CONFIG_SMOKE = dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
                     num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                     max_position_embeddings=512, tie_word_embeddings=False)
-# issue 41's targets: (label, variant, measure, (comparison, limit)); speedup = bf16 time / variant time
+# issue 41's targets: (label, variant, measure, (comparison, limit)); speedup = bf16 time / variant time. The limits in
+# ms are the whole model's (FULL_LAYERS layers): judged only when the run has them all; ratios hold at any depth.
 TARGETS = (
     ("decode step batch 1 <= 3.4 ms", "wo", ("ms", 1), ("<=", 3.4)),
     ("decode step batch 1: bf16 / variant >= 2.0", "wo", ("speedup", 1), (">=", 2.0)),
@@ -71,6 +72,7 @@ TARGETS = (
     ("quantization peak / bf16 model <= 1.3", "wo", ("quantize_peak_ratio", None), ("<=", 1.3)),
 )
 CALIB_TOKENS = 256
+FULL_LAYERS = 48  # Qwen3-30B-A3B's decoder layers
 
 
 def build_model(config_kw: dict, layers: int, device: torch.device, dtype: torch.dtype, seed: int,
@@ -228,14 +230,16 @@ def add_ratios(rows: list[dict], batches: list[int]) -> None:
                     r[f"humming_over_b{b}"] = a / t
 
 
-def evaluate_targets(rows: list[dict]) -> list[dict]:
+def evaluate_targets(rows: list[dict], layers: int = FULL_LAYERS) -> list[dict]:
     out = []
     for label, variant, (measure, b), (op, limit) in TARGETS:
         r = next((x for x in rows if x["variant"] == variant), None)
         key = measure if b is None else (f"step_ms_b{b}" if measure == "ms" else f"{measure}_b{b}")
-        v = None if r is None else r.get(key)
+        absolute = measure in ("ms", "prefill_ms")
+        v = None if r is None or (absolute and layers != FULL_LAYERS) else r.get(key)
         ok = None if v is None else (v <= limit if op == "<=" else v >= limit)
-        out.append(dict(target=label, variant=variant, value=v, met=ok))
+        note = f"a {FULL_LAYERS}-layer figure; this run has {layers}" if absolute and layers != FULL_LAYERS else None
+        out.append(dict(target=label, variant=variant, value=v, met=ok, note=note))
     return out
 
 
@@ -258,6 +262,8 @@ def report(meta: dict, rows: list[dict], targets: list[dict], batches: list[int]
              f"{meta['layers']} layers: {meta['step_timing']}", "", md_table(head, body), ""]
     for t in targets:
         mark = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        if t.get("note"):
+            mark += f" ({t['note']})"
         lines.append(f"- {t['target']} ({t['variant']}): {f(t['value'], 3)} -> {mark}")
     return "\n".join(lines)
 
@@ -324,7 +330,8 @@ def main(argv=None) -> int:
     def dump(text=None):
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(meta=meta, rows=rows, targets=evaluate_targets(rows), report=text), f, indent=1)
+                json.dump(dict(meta=meta, rows=rows, targets=evaluate_targets(rows, meta["layers"]), report=text), f,
+                          indent=1)
 
     mode_of = {"wo": "weight_only", "dynamic": "dynamic", "static": "static", "humming": "weight_only"}
     for variant in variants:
@@ -357,7 +364,7 @@ def main(argv=None) -> int:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    text = report(meta, rows, evaluate_targets(rows), args.batch)
+    text = report(meta, rows, evaluate_targets(rows, meta["layers"]), args.batch)
     print()
     print(text)
     dump(text)
