@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
 CONFIGS = (-1, 0, 1)  # select's pick, the 8- and 16-token configs
-# The wgmma configs (64- and 128-row token tiles; fp16 / bf16 A only), by index and name.
+# The wgmma configs (64- and 128-row token tiles), by index and name.
 WGMMA_CONFIGS = {2: "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_grouped_w128xt128xk128_s5_b1_ws_rs"}
 # The dense configs whose pipelines they share.
 DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs"}
@@ -211,7 +211,7 @@ def test_select_rows_per_group(a_kind):
 
 
 @pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128"])
-@pytest.mark.parametrize("a_kind", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_random_routings(a_kind, config):
     """A wgmma config on routings of tens to hundreds of rows per group (uniform and skewed: empty groups, one
     group holding most rows, groups of one row), T not a multiple of 64, N not a multiple of 128, every output dtype,
@@ -229,13 +229,13 @@ def test_wgmma_config_random_routings(a_kind, config):
     counts = [100, 0, 1, 60]
     x = make_grouped(counts, 256, 512, a_kind, out_dtype=F16, seed=3)
     with nvfp4_gemm.testing.recorded_choices() as lines:
-        out = nvfp4_gemm.grouped_mm(x["a"], x["b"], None, x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F16)
+        out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F16)
     check_grouped(x, out, "select")
     assert any(WGMMA_CONFIGS[2] in line for line in lines), lines
 
 
 @pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128"])
-@pytest.mark.parametrize("a_kind", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):
     """Each group's rows are bit for bit the dense wgmma config's of the same pipeline on that group alone (one
     split): the same decode, the same tiles from the group's first row, the same MMA order, alpha and rounding."""
@@ -245,15 +245,15 @@ def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):
         for i, (s, m) in enumerate(zip(x["starts"], x["counts"])):
             if m == 0:
                 continue
-            dense = nvfp4_gemm.mm(x["a"][s:s + m], x["b"][i], None, x["sfb"][i], x["alpha"][i:i + 1],
+            dense = nvfp4_gemm.mm(x["a"][s:s + m], x["b"][i], x["group_sfa"][i], x["sfb"][i], x["alpha"][i:i + 1],
                                   out_dtype=BF16)
             assert torch.equal(out[s:s + m], dense), f"group {i}: grouped wgmma != dense {DENSE_OF[config]}"
 
 
-def test_wgmma_config_refuses_nvfp4_a():
-    x = make_grouped([40, 50], 128, 256, E2M1)
+def test_wgmma_config_refuses_too_many_groups():
+    x = make_grouped([1] * 513, 128, 256, BF16)
     for config in WGMMA_CONFIGS:
-        with pytest.raises(RuntimeError, match="fp16 or bf16 A only"):
+        with pytest.raises(RuntimeError, match="at most 512 groups, got 513"):
             run_grouped(x, config)
 
 
@@ -295,13 +295,13 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
         x["offs"] = torch.tensor(offs, dtype=torch.int32, device="cuda")
         buf = torch.full((T + 64, n), -7.0, dtype=F32, device="cuda")
         out = buf[32:32 + T]
-        for config in (0, *WGMMA_CONFIGS) if a_kind != E2M1 else (0,):
+        for config in (0, *WGMMA_CONFIGS):
             run_grouped(x, config, out=out)
             torch.cuda.synchronize()
             assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
 
 
-@pytest.mark.parametrize("config", [0, 1], ids=["t8", "t16"])
+@pytest.mark.parametrize("config", [0, 1, 2, 3], ids=["t8", "t16", "wgmma64", "wgmma128"])
 def test_sfa_too_small_for_routing_gives_nan_rows(config):
     """The routing needs 384 padded sfa rows but the buffer holds 128 (the binding cannot see offs): group 0's rows
     are right, groups 1 and 2 (whose scales start at padded rows 128 and 256) come out NaN, never read past."""
@@ -316,8 +316,8 @@ def test_sfa_too_small_for_routing_gives_nan_rows(config):
     check_grouped(x, out, f"config {config}")
 
 
-@pytest.mark.parametrize("a_kind,config", [(BF16, 0), (E2M1, 0), (BF16, 2), (F16, 3)],
-                         ids=["bf16", "e2m1", "bf16-t64", "f16-t128"])
+@pytest.mark.parametrize("a_kind,config", [(BF16, 0), (E2M1, 0), (BF16, 2), (F16, 3), (E2M1, 2)],
+                         ids=["bf16", "e2m1", "bf16-t64", "f16-t128", "e2m1-t64"])
 def test_graph_replay_follows_routing(a_kind, config):
     """A captured grouped call replayed after offs changed in place: each replay follows its routing (the work
     list is built on the device)."""

@@ -1019,15 +1019,6 @@ bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspac
 
 }  // namespace
 
-// Same bit placement as decode_word, with the output index r known only at run time (a 64-bit shift keeps
-// the nibbles that a 32-bit left shift would drop).
-__device__ __forceinline__ uint32_t decode_word_rt(uint32_t w, int r) {
-  const uint64_t x = w;
-  const uint32_t mag = static_cast<uint32_t>((x << 9) >> (4 * r)) & 0x0E000E00u;
-  const uint32_t sgn = static_cast<uint32_t>((x << 12) >> (4 * r)) & 0x80008000u;
-  return mag | sgn;
-}
-
 // A_dec, decoded exactly like B (value * 2^-14, see decode_word) in the permuted K order the B fragments
 // use: in each 64-K block, 16-byte vector v = 2s + h holds decode_word<s>(word h of scale group q) for
 // q = 0..3. One thread per vector, so a warp stores 512 contiguous bytes (one thread per block
@@ -1047,28 +1038,15 @@ __global__ void __launch_bounds__(256) decode_a_kernel(const uint8_t* __restrict
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   if (idx < n_counters) counters[idx] = 0;
   if (idx >= static_cast<int64_t>(rows) * kblocks * 8) return;
-  const int v = static_cast<int>(idx & 7), s = v >> 1, h = v & 1;
+  const int v = static_cast<int>(idx & 7);
   const int64_t blk = idx >> 3;
   const int r = static_cast<int>(blk / kblocks), kb = static_cast<int>(blk % kblocks);
   const uint8_t* src = a + static_cast<int64_t>(r) * lda + kb * 32;
   const uint4 lo = __ldg(reinterpret_cast<const uint4*>(src));  // K % 32 == 0: the first 32 K always exist
   const uint4 hi = (kb * 64 + 64 <= k) ? __ldg(reinterpret_cast<const uint4*>(src + 16)) : make_uint4(0, 0, 0, 0);
   const int rg = row_begin + r;
-  const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(
-      sfa + ((static_cast<int64_t>(rg) / kSfAtomRows) * sf_atoms_per_row + kb) * kSfAtomBytes + (rg % 32) * 16 +
-      ((rg % kSfAtomRows) / 32) * 4));
-  const __half2_raw s01r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw & 0xFFFF), __NV_E4M3);
-  const __half2_raw s23r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw >> 16), __NV_E4M3);
-  const __half2 fold = *reinterpret_cast<const __half2*>(&a_fold), post = *reinterpret_cast<const __half2*>(&a_post);
-  const __half2 s01 = __hmul2(*reinterpret_cast<const __half2*>(&s01r), fold);
-  const __half2 s23 = __hmul2(*reinterpret_cast<const __half2*>(&s23r), fold);
-  // Scale group q is bytes 8q..8q+7 of the block: words 2q (elements 0..7) and 2q + 1 (8..15).
-  const uint32_t w0 = h ? lo.y : lo.x, w1 = h ? lo.w : lo.z, w2 = h ? hi.y : hi.x, w3 = h ? hi.w : hi.z;
-  reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64)[v] =
-      make_uint4(hmul2_u32(hmul2_u32(decode_word_rt(w0, s), __low2half2(s01)), post),
-                 hmul2_u32(hmul2_u32(decode_word_rt(w1, s), __high2half2(s01)), post),
-                 hmul2_u32(hmul2_u32(decode_word_rt(w2, s), __low2half2(s23)), post),
-                 hmul2_u32(hmul2_u32(decode_word_rt(w3, s), __high2half2(s23)), post));
+  const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(sfa + blocked_sf_word_offset(rg, kb, sf_atoms_per_row)));
+  reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * kp + kb * 64)[v] = decode_a_vector(lo, hi, sw, v, a_fold, a_post);
 }
 
 // 16-bit A (fp16 or bf16, the weight-only form) in the same permuted K order as decode_a_kernel writes:

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/convert_out.cuh"
+#include "common/problem.h"
 
 namespace nvfp4_gemm::sm90 {
 
@@ -68,6 +69,41 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, __half2 s) {
 __device__ __forceinline__ uint4 decode_a_word(uint32_t w, __half2 sc, __half2 fold) {
   return make_uint4(hmul2_u32(hmul2_u32(decode_word<0>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<1>(w), sc), fold),
                     hmul2_u32(hmul2_u32(decode_word<2>(w), sc), fold), hmul2_u32(hmul2_u32(decode_word<3>(w), sc), fold));
+}
+
+// Same bit placement as decode_word, with the output index r known only at run time (a 64-bit shift keeps
+// the nibbles that a 32-bit left shift would drop).
+__device__ __forceinline__ uint32_t decode_word_rt(uint32_t w, int r) {
+  const uint64_t x = w;
+  const uint32_t mag = static_cast<uint32_t>((x << 9) >> (4 * r)) & 0x0E000E00u;
+  const uint32_t sgn = static_cast<uint32_t>((x << 12) >> (4 * r)) & 0x80008000u;
+  return mag | sgn;
+}
+
+// The byte offset of the 4-byte word holding scale row `row`'s scales of 64-K block kb (four 16-element groups) in
+// the 128x4 blocked layout with sf_atoms_per_row atoms per 128-row block.
+__host__ __device__ __forceinline__ int64_t blocked_sf_word_offset(int64_t row, int kb, int sf_atoms_per_row) {
+  return ((row / kSfAtomRows) * sf_atoms_per_row + kb) * kSfAtomBytes + (row % 32) * 16 + ((row % kSfAtomRows) / 32) * 4;
+}
+
+// Vector v (0..7) of one (row, 64-K block) of A_dec (the wgmma kernel's decoded A, sm90_gemm.cuh) from the block's
+// packed bytes (lo: K 0..31, hi: K 32..63) and its four e4m3 scales (sw, group q in byte q): v = 2s + h holds, for
+// q = 0..3, decode_word<s> of word h of scale group q, times the scale and a_fold, then a_post (fp16x2 powers of two
+// folded into the decode, backend.cu run).
+__device__ __forceinline__ uint4 decode_a_vector(uint4 lo, uint4 hi, uint32_t sw, int v, uint32_t a_fold,
+                                                 uint32_t a_post) {
+  const int s = v >> 1, h = v & 1;
+  const __half2_raw s01r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw & 0xFFFF), __NV_E4M3);
+  const __half2_raw s23r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sw >> 16), __NV_E4M3);
+  const __half2 fold = *reinterpret_cast<const __half2*>(&a_fold), post = *reinterpret_cast<const __half2*>(&a_post);
+  const __half2 s01 = __hmul2(*reinterpret_cast<const __half2*>(&s01r), fold);
+  const __half2 s23 = __hmul2(*reinterpret_cast<const __half2*>(&s23r), fold);
+  // Scale group q is bytes 8q..8q+7 of the block: words 2q (elements 0..7) and 2q + 1 (8..15).
+  const uint32_t w0 = h ? lo.y : lo.x, w1 = h ? lo.w : lo.z, w2 = h ? hi.y : hi.x, w3 = h ? hi.w : hi.z;
+  return make_uint4(hmul2_u32(hmul2_u32(decode_word_rt(w0, s), __low2half2(s01)), post),
+                    hmul2_u32(hmul2_u32(decode_word_rt(w1, s), __high2half2(s01)), post),
+                    hmul2_u32(hmul2_u32(decode_word_rt(w2, s), __low2half2(s23)), post),
+                    hmul2_u32(hmul2_u32(decode_word_rt(w3, s), __high2half2(s23)), post));
 }
 
 // The 16-bit type the tensor cores multiply in. kHalf serves both the W4A4 form (A decoded to fp16 too)

@@ -76,7 +76,7 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // config (one CTA per SM) lost to the 16-token one at 16, 64 and 128 rows per group (275.4 / 735.3 / 6865 us
 // against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
-// Rows per group (on average) from which the wgmma configs run (weight-only A), each B tile decoded once per 64 or
+// Rows per group (on average) from which the wgmma configs run, each B tile decoded once per 64 or
 // 128 rows of a group instead of once per 16. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced;
 // 16-token / 64-token / 128-token config, us): 16 rows per group 203.1 / 293.6 / 472.8 (Qwen3-30B-A3B, 256 tokens);
 // 32 rows 5240 / 5353 / 8571 (DeepSeek-V3, 1024); 64 rows 596.3 / 442.4 / 488.1 (Qwen3, 1024) and 1208 / 693.5 /
@@ -295,8 +295,8 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 40 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
-         "T >= 256 x G, fp16 / bf16 A, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
+         "T >= 40 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
+         "T >= 256 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

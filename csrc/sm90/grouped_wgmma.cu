@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/grouped.h"
@@ -38,11 +39,89 @@ void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
 }
 
-// A in the kernel's K order (order_a16_kernel): T rows of K 16-bit values (K % 256 == 0, the table's rule).
+// A in the kernel's K order (order_a16_kernel, decode_a_grouped_kernel): T rows of K 16-bit values (K % 256 == 0,
+// the table's rule).
 int64_t a_order_bytes(const GroupedProblem& p) { return round_up(p.t * p.k * 2, 256); }
 
 // A in the kernel's order stays below this (the workspace is allocated per call).
 constexpr int64_t kMaxAOrderBytes = int64_t{1} << 31;
+
+// NVFP4 A with the grouped blocked scales (common/grouped.h) decoded to A_dec as decode_a_kernel decodes dense A.
+// Group j's rows are [end_{j-1}, end_j), end the running max of offs clamped to [0, T] (the GEMM's work list,
+// build_grouped_tiles), and its scales start at padded row pad_j = the sum of round_up(rows, 128) before it, so row
+// r of group j reads padded row pad_j + r - end_{j-1}. A row whose padded row lies past the sfa buffer (a routing the
+// buffer was not sized for) decodes to NaN, so its outputs are NaN and nothing is read past; a row in no group
+// (offs[G-1] < T) to zero. A grid-stride loop over a few waves: each CTA scans offs once.
+__global__ void __launch_bounds__(256) decode_a_grouped_kernel(const uint8_t* __restrict__ a, int64_t lda,
+                                                               const uint8_t* __restrict__ sfa, int64_t sfa_rows,
+                                                               const int32_t* __restrict__ offs, int groups, int t,
+                                                               int k, __half* __restrict__ out, uint32_t a_fold,
+                                                               uint32_t a_post) {
+  cudaTriggerProgrammaticLaunchCompletion();  // the GEMM may launch now; it waits for our writes itself
+  __shared__ int s_end[kWgmmaMaxGroups];
+  __shared__ int64_t s_pad[kWgmmaMaxGroups];
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) s_end[g] = min(max(offs[g], 0), t);
+  __syncthreads();
+  if (threadIdx.x < 32) {  // running max of the ends, then the padded rows before each group, 32 groups a round
+    constexpr unsigned kAll = 0xFFFFFFFFu;
+    const int lane = threadIdx.x;
+    int run = 0;
+    int64_t carry = 0;
+    for (int base = 0; base < groups; base += 32) {
+      const int g = base + lane;
+      int end = g < groups ? s_end[g] : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(kAll, end, d);
+        if (lane >= d) end = max(end, x);
+      }
+      end = max(end, run);
+      int start = __shfl_up_sync(kAll, end, 1);
+      if (lane == 0) start = run;
+      const int64_t padded = (end - start + kSfAtomRows - 1) / kSfAtomRows * kSfAtomRows;
+      int64_t incl = padded;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int64_t x = __shfl_up_sync(kAll, incl, d);
+        if (lane >= d) incl += x;
+      }
+      if (g < groups) {
+        s_end[g] = end;
+        s_pad[g] = carry + incl - padded;
+      }
+      carry += __shfl_sync(kAll, incl, 31);
+      run = __shfl_sync(kAll, end, 31);
+    }
+  }
+  __syncthreads();
+  const int kblocks = k / 64;  // K % 256 == 0: every block is whole
+  const int64_t total = static_cast<int64_t>(t) * kblocks * 8;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int v = static_cast<int>(idx & 7);
+    const int64_t blk = idx >> 3;
+    const int r = static_cast<int>(blk / kblocks), kb = static_cast<int>(blk % kblocks);
+    int lo = 0, hi = groups;  // the first group whose end is past r
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (s_end[mid] > r) hi = mid; else lo = mid + 1;
+    }
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (lo < groups) {
+      const int64_t prow = s_pad[lo] + (r - (lo ? s_end[lo - 1] : 0));
+      if (prow >= sfa_rows) {
+        val = make_uint4(0x7E007E00u, 0x7E007E00u, 0x7E007E00u, 0x7E007E00u);  // fp16 NaN
+      } else {
+        const uint8_t* src = a + static_cast<int64_t>(r) * lda + kb * 32;
+        const uint4 w_lo = __ldg(reinterpret_cast<const uint4*>(src));
+        const uint4 w_hi = __ldg(reinterpret_cast<const uint4*>(src + 16));
+        const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(sfa + blocked_sf_word_offset(prow, kb, kblocks)));
+        val = decode_a_vector(w_lo, w_hi, sw, v, a_fold, a_post);
+      }
+    }
+    reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * k + kb * 64)[v] = val;
+  }
+}
 
 }  // namespace
 
@@ -55,8 +134,6 @@ bool grouped_wgmma_check(const GroupedProblem& p, int wgmma_config, char* why, s
     }
     return false;
   };
-  if (p.a_type != AType::kFloat16 && p.a_type != AType::kBFloat16)
-    return no("fp16 or bf16 A only (the weight-only form), got a_type %d", static_cast<int>(p.a_type));
   if (p.g > kWgmmaMaxGroups)
     return no("at most %d groups, got %lld", kWgmmaMaxGroups, static_cast<long long>(p.g));
   if (a_order_bytes(p) > kMaxAOrderBytes)
@@ -78,7 +155,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
     set_msg(err, err_len, "sm90 grouped: workspace smaller than workspace_bytes() asked for");
     return false;
   }
-  const bool bf16 = p.a_type == AType::kBFloat16;
+  const bool bf16 = p.a_type == AType::kBFloat16, a4 = p.a_type == AType::kE2m1;
   const int sf_atoms_per_row = static_cast<int>(p.k / 64);
   const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{kTileW}));
   LaunchArgs args{};
@@ -125,15 +202,25 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
   gp.grid = dev.num_sms;  // one wave of whole tiles (one CTA per SM)
   gp.cluster = 1;
   gp.cluster_groups = 1;
-  gp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales; 16-bit A is taken as it is
+  // Powers of two folded into the decodes (as in the dense run, backend.cu): B's scales x 2^7; NVFP4 A x 2^7 x 2^7
+  // (A_dec = e2m1 x e4m3 exactly), 16-bit A taken as it is; the sums carry 2^-7, which the epilogue multiplies back.
+  constexpr uint32_t kHalf2Two7 = 0x58005800u;  // fp16x2 {128, 128}
+  gp.out_mult = 128.0f;
   gp.out_dtype = p.out_dtype;
   gp.staged_c = 1;  // c is 16-byte aligned and ldc * sizeof(out) a multiple of 16 (common/grouped.h)
   gp.offs = p.offs;
   gp.groups = static_cast<int>(p.g);
   args.stream = stream;
   const int64_t threads = p.t * (p.k / 64) * 8;  // one 16-byte vector a thread
-  order_a16_kernel<<<static_cast<unsigned>(ceil_div(threads, int64_t{256})), 256, 0, stream>>>(
-      p.a, p.lda, static_cast<int>(p.t), static_cast<int>(p.k), a_order, static_cast<int>(p.k), nullptr, 0);
+  if (a4) {  // a few waves of CTAs, each scanning offs once
+    const int64_t blocks = std::min<int64_t>(ceil_div(threads, int64_t{256}), int64_t{8} * dev.num_sms);
+    decode_a_grouped_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        p.a, p.lda, p.sfa, p.sfa_rows, p.offs, static_cast<int>(p.g), static_cast<int>(p.t), static_cast<int>(p.k),
+        reinterpret_cast<__half*>(a_order), kHalf2Two7, kHalf2Two7);
+  } else {
+    order_a16_kernel<<<static_cast<unsigned>(ceil_div(threads, int64_t{256})), 256, 0, stream>>>(
+        p.a, p.lda, static_cast<int>(p.t), static_cast<int>(p.k), a_order, static_cast<int>(p.k), nullptr, 0);
+  }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
     if (err && err_len)
       std::snprintf(err, err_len, "sm90 grouped %s: launching the A prepass failed: %s", c.name, cudaGetErrorString(e));

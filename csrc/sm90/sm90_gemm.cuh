@@ -121,7 +121,7 @@ inline constexpr int kWgmmaMaxGroups = 512;
 
 // The grouped form's work list, built by every CTA from offs at its start: group g owns tiles
 // [first[g], first[g + 1]) (its token tiles times the B-row tiles, token tile major) and rows
-// [row0[g], row0[g] + rows[g]). Offsets are clamped to [0, T] and a decreasing one is an empty group (common/grouped.h).
+// [row0[g], row0[g] + rows[g]) (build_grouped_tiles).
 struct GroupedTiles {
   int first[kWgmmaMaxGroups + 1];
   int row0[kWgmmaMaxGroups];
@@ -290,30 +290,42 @@ __device__ __forceinline__ float4 sum_in_order(int n, Load load) {
 }
 
 // The grouped form's work list from offs (GroupedTiles); every thread of the CTA calls it. Returns the tile count.
+// Group g's rows are [end_{g-1}, end_g) with end the running max of offs clamped to [0, T] (as the K-sliced kernel
+// reads them, grouped_schedule.h): a decreasing offset makes an empty group and groups never overlap.
 template <int TOKENS>
 __device__ __forceinline__ int build_grouped_tiles(const GemmParams& p, GroupedTiles& gt) {
   const int groups = p.groups, t = p.m;
-  for (int g = threadIdx.x; g < groups; g += kThreads) {
-    const int end = min(max(p.offs[g], 0), t);
-    const int start = g == 0 ? 0 : min(max(p.offs[g - 1], 0), t);
-    const int rows = max(end - start, 0);
-    gt.row0[g] = start;
-    gt.rows[g] = rows;
-    gt.first[g + 1] = (rows + TOKENS - 1) / TOKENS * p.tiles_w;
-  }
+  for (int g = threadIdx.x; g < groups; g += kThreads) gt.rows[g] = min(max(p.offs[g], 0), t);  // the ends, first
   __syncthreads();
-  if (threadIdx.x < 32) {  // an inclusive scan of the tile counts, 32 groups a round
+  if (threadIdx.x < 32) {  // running max of the ends, then an inclusive scan of the tile counts, 32 groups a round
+    constexpr unsigned kAll = 0xFFFFFFFFu;
     const int lane = threadIdx.x;
-    int carry = 0;
+    int run = 0, carry = 0;
     for (int base = 0; base < groups; base += 32) {
-      int v = base + lane < groups ? gt.first[base + lane + 1] : 0;
+      const int g = base + lane;
+      const bool live = g < groups;
+      int end = live ? gt.rows[g] : 0;
 #pragma unroll
       for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(0xFFFFFFFFu, v, d);
-        if (lane >= d) v += x;
+        const int x = __shfl_up_sync(kAll, end, d);
+        if (lane >= d) end = max(end, x);
       }
-      if (base + lane < groups) gt.first[base + lane + 1] = carry + v;
-      carry += __shfl_sync(0xFFFFFFFFu, v, 31);
+      end = max(end, run);
+      int start = __shfl_up_sync(kAll, end, 1);
+      if (lane == 0) start = run;
+      int n = live ? (end - start + TOKENS - 1) / TOKENS * p.tiles_w : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(kAll, n, d);
+        if (lane >= d) n += x;
+      }
+      if (live) {
+        gt.row0[g] = start;
+        gt.rows[g] = end - start;
+        gt.first[g + 1] = carry + n;
+      }
+      carry += __shfl_sync(kAll, n, 31);
+      run = __shfl_sync(kAll, end, 31);
     }
     if (lane == 0) gt.first[0] = 0;
   }
