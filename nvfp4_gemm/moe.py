@@ -345,6 +345,59 @@ def moe_route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
     return _MOE_ROUTE(top_k_index, num_experts)
 
 
+_MOE_TOPK = torch.ops.nvfp4_gemm._moe_topk.default
+_MOE_TOPK_MAX_EXPERTS, _MOE_TOPK_MAX_K = 512, 32  # csrc/bindings/moe_topk.h kMoeTopkMaxExperts, kMoeTopkMaxK
+
+
+@torch.library.register_fake("nvfp4_gemm::_moe_topk")
+def _moe_topk_fake(logits, k, normalize):
+    op = "nvfp4_gemm._moe_topk"
+    torch._check(logits.dim() == 2,
+                 lambda: f"{op}: logits must be 2-D [T, E] (tokens x experts), got shape {tuple(logits.shape)}")
+    torch._check(logits.dtype in _FLOATS,
+                 lambda: f"{op}: logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    e = logits.shape[1]
+    torch._check(1 <= e <= _MOE_TOPK_MAX_EXPERTS,
+                 lambda: f"{op}: logits must have 1 to {_MOE_TOPK_MAX_EXPERTS} experts (E = logits.size(1)), got {e}")
+    torch._check(1 <= k and k <= e and k <= _MOE_TOPK_MAX_K,
+                 lambda: f"{op}: k must be in [1, min(E, {_MOE_TOPK_MAX_K})], got {k} (E = {e})")
+    t = logits.shape[0]
+    return logits.new_empty((t, k)), logits.new_empty((t, k), dtype=torch.int64)
+
+
+def _moe_topk_setup_context(ctx, inputs, output):
+    logits, _, normalize = inputs
+    ctx.normalize = normalize
+    ctx.save_for_backward(logits, output[1])
+
+
+def _moe_topk_backward(ctx, grad_weights, _grad_ids):
+    # transformers' formula differentiated (the router's weight trains through the top-k weights as before): the
+    # cast, the renormalization w = v / sum(v), the gather of the selected p, the softmax; the selection itself is
+    # piecewise constant. The p are recomputed: saving [T, E] float32 for a rare backward is not worth it.
+    logits, ids = ctx.saved_tensors
+    p = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    g = grad_weights.float()
+    if ctx.normalize:
+        v = p.gather(-1, ids)
+        s = v.sum(-1, keepdim=True)
+        g = (g - (g * v).sum(-1, keepdim=True) / s) / s
+    gp = torch.zeros_like(p).scatter_(-1, ids, g)
+    return (p * (gp - (gp * p).sum(-1, keepdim=True))).to(logits.dtype), None, None
+
+
+torch.library.register_autograd("nvfp4_gemm::_moe_topk", _moe_topk_backward, setup_context=_moe_topk_setup_context)
+
+
+def moe_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax top-k router's selection from its logits [T, E] (float32 / float16 / bfloat16, E <= 512,
+    k <= min(E, 32)) on their device without a host sync (one kernel on CUDA): (weights [T, k] in logits' dtype,
+    ids [T, k] int64). softmax in float32, the k largest probabilities in descending order (equal ones: the lower
+    expert id first), divided by their float32 sum where normalize, rounded to logits' dtype: transformers'
+    Qwen3-MoE / Qwen2-MoE / Mixtral router after its F.linear, to a few float32 ulps (csrc/bindings/moe_topk.h)."""
+    return _MOE_TOPK(logits, k, normalize)
+
+
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
     sorted row, the sorted row of each pair and the per-expert row ends (offs) the grouped GEMM reads on the
