@@ -7,11 +7,16 @@
   * equal probabilities by the lower expert id (torch.sort(stable) order; torch.topk leaves ties in any order);
     NaN / inf rows NaN as torch's softmax; non-contiguous logits; the backward is the formula's;
   * argument errors name the argument; opcheck; torch.compile traces it (fullgraph);
+  * the fused routers of tiny Qwen3-MoE / Qwen2-MoE / Mixtral models after quantize_experts: the same outputs as
+    transformers' routers, isinstance kept (router_logits recording), the same Parameter, state_dict keys and
+    hooks, torch.save / torch.compile / from_pretrained, unknown and changed routers left alone;
   * CUDA (skipped without a device): the CUDA op equals the CPU op (ids, weights to the expf difference),
-    torch's CUDA formula, one kernel, no host sync, CUDA graph replay with new logits.
+    torch's CUDA formula, one kernel, no host sync, CUDA graph replay with new logits, the fused router on CUDA.
 """
 from __future__ import annotations
 
+import copy
+import io
 import itertools
 
 import pytest
@@ -188,6 +193,167 @@ def test_backward_is_the_formulas(normalize, dtype):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The fused routers
+
+
+@pytest.fixture(scope="module")
+def moe_tests():
+    pytest.importorskip("transformers")
+    import test_moe
+
+    return test_moe
+
+
+FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
+
+
+def _quantized(moe_tests, family: str, **kw):
+    model_f = moe_tests.tiny(family, **kw)
+    model_q = copy.deepcopy(model_f)
+    names = moe.quantize_experts(model_q, weight_only=True)
+    gates = [n.rpartition(".")[0] + ".gate" for n in names]
+    return model_f, model_q, gates
+
+
+def _check_router(fused, original, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        got, want = fused(x), original(x)
+    assert torch.equal(got[0], want[0])  # the logits: the same F.linear
+    assert torch.equal(got[2], want[2])
+    check_weights(got[1], want[1], F32_ULPS_TORCH, type(original).__name__)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_routers_give_transformers_outputs(moe_tests, family):
+    model_f, model_q, gates = _quantized(moe_tests, family)
+    assert len(gates) == 2
+    for gate in gates:
+        fused, original = model_q.get_submodule(gate), model_f.get_submodule(gate)
+        assert isinstance(fused, moe._FusedTopKForward) and isinstance(fused, type(original))
+        assert type(fused).__name__ == "FusedTopK" + type(original).__name__
+        x = torch.randn(33, moe_tests.H, generator=torch.Generator().manual_seed(1))
+        flags = (False, True) if hasattr(original, "norm_topk_prob") else (None,)
+        for flag in flags:
+            if flag is not None:
+                fused.norm_topk_prob = original.norm_topk_prob = flag
+            _check_router(fused, original, x)
+            # in bfloat16 (Mixtral's weights stay float32, as its router returns them)
+            fb, ob = copy.deepcopy(fused).bfloat16(), copy.deepcopy(original).bfloat16()
+            _check_router(fb, ob, x.bfloat16())
+            assert fb(x.bfloat16())[1].dtype == (torch.float32 if family == "mixtral" else torch.bfloat16)
+        with torch.no_grad():  # a dtype the op does not take: transformers' own forward
+            for g, w in zip(copy.deepcopy(fused).double()(x.double()), copy.deepcopy(original).double()(x.double())):
+                assert torch.equal(g, w)
+    ids = moe_tests._ids()
+    with torch.no_grad():
+        assert torch.isfinite(model_q(ids).logits).all()
+
+
+def test_fused_router_keeps_parameter_keys_hooks_and_recording(moe_tests):
+    model = moe_tests.tiny("qwen3_moe")
+    gate = model.model.layers[0].mlp.gate
+    weight, keys = gate.weight, list(model.state_dict())
+    seen = []
+    gate.register_forward_hook(lambda m, a, out: seen.append(out[2].clone()))
+    model_f = copy.deepcopy(model)
+    moe.quantize_experts(model, weight_only=True)
+    assert model.model.layers[0].mlp.gate is gate and gate.weight is weight
+    assert isinstance(gate, moe._FusedTopKForward)
+    experts = ("gate_up_proj", "down_proj")  # the experts' keys are NVFP4Experts', the rest as before
+    assert [k for k in model.state_dict() if not k.rpartition(".")[0].endswith(".experts")] == \
+        [k for k in keys if not k.endswith(experts)]
+    assert list(gate.state_dict()) == ["weight"]
+    fresh = copy.deepcopy(model)
+    with torch.no_grad():
+        fresh.model.layers[0].mlp.gate.weight.zero_()
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(fresh.model.layers[0].mlp.gate.weight, weight)
+    ids = moe_tests._ids()
+    with torch.no_grad():
+        out = model(ids, output_router_logits=True)
+        out_f = model_f(ids, output_router_logits=True)
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])  # the hook ran in both models
+    # transformers records router_logits by isinstance of its router class: still every layer's
+    assert len(out.router_logits) == len(out_f.router_logits) == 2
+    assert torch.equal(out.router_logits[0], out_f.router_logits[0]) and out.aux_loss is not None
+
+
+def test_fused_router_pickles_compiles_and_trains(moe_tests):
+    _, model, gates = _quantized(moe_tests, "qwen3_moe")
+    gate = model.get_submodule(gates[0])
+    x = torch.randn(9, moe_tests.H, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = gate(x)
+        compiled = torch.compile(copy.deepcopy(gate), backend="aot_eager", fullgraph=True)
+        for g, w in zip(compiled(x), want):
+            assert torch.equal(g, w)
+    buf = io.BytesIO()
+    torch.save(model, buf)  # the fused class is found by its name in nvfp4_gemm.moe
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert type(back.get_submodule(gates[0])) is type(gate)
+    ids = moe_tests._ids()
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
+    # the router's weight gets the gradient through the top-k weights as transformers' router gives it
+    original = moe_tests.tiny("qwen3_moe").get_submodule(gates[0])
+    with torch.no_grad():
+        original.weight.copy_(gate.weight)
+    grads = []
+    for r in (gate, original):
+        r.weight.grad = None
+        r(x)[1].square().sum().backward()
+        grads.append(r.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6 * grads[1].abs().max().item())
+
+
+def test_unknown_and_changed_routers_are_left_alone(moe_tests, monkeypatch):
+    model = moe_tests.tiny("deepseek_v3")  # a sigmoid, grouped router: not a softmax top-k one
+    gate_type = type(model.model.layers[1].mlp.gate)
+    assert moe.quantize_experts(model, weight_only=True) == ["model.layers.1.mlp.experts"]
+    assert type(model.model.layers[1].mlp.gate) is gate_type
+    assert "not one of the softmax top-k routers" in moe.router_problem(model.model.layers[1].mlp.gate)
+
+    # a transformers release whose router computes something else: the probe sees it
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3
+
+    def sigmoid_router(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
+        value, index = torch.topk(torch.sigmoid(logits.float()), self.top_k, dim=-1)
+        return logits, value.to(logits.dtype), index
+
+    monkeypatch.setattr(moe, "_ROUTER_PROBES", {})
+    monkeypatch.setattr(qwen3.Qwen3MoeTopKRouter, "forward", sigmoid_router)
+    _, model, gates = _quantized(moe_tests, "qwen3_moe")
+    assert all(type(model.get_submodule(g)) is qwen3.Qwen3MoeTopKRouter for g in gates)
+    assert "weighs the experts otherwise" in moe.router_problem(model.get_submodule(gates[0]))
+    monkeypatch.undo()
+
+    # limits of the op, and a forward replaced on the instance
+    _, model, gates = _quantized(moe_tests, "qwen3_moe")
+    router = moe_tests.tiny("qwen3_moe").get_submodule(gates[0])
+    assert moe.router_problem(router) is None
+    router.top_k = 40
+    assert "top_k 40" in moe.router_problem(router)
+    router.top_k = 2
+    router.forward = lambda h: None
+    assert "replaced on the instance" in moe.router_problem(router)
+
+
+def test_from_pretrained_fuses_the_routers_too(moe_tests, tmp_path):
+    from nvfp4_gemm.checkpoint import from_pretrained, save_pretrained
+
+    _, model, gates = _quantized(moe_tests, "mixtral")
+    save_pretrained(model, tmp_path / "ckpt", format="modelopt", progress=False)
+    back = from_pretrained(str(tmp_path / "ckpt"), progress=False)
+    assert all(type(back.get_submodule(g)) is type(model.get_submodule(g)) for g in gates)
+    ids = moe_tests._ids()
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # CUDA
 
 
@@ -264,3 +430,13 @@ def test_cuda_graph_replays_new_logits(t):
         torch.cuda.synchronize()
         want_w, want_ids = OP(new.cuda(), k, True)
         assert torch.equal(w, want_w) and torch.equal(ids, want_ids), seed
+
+
+@requires_cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_fused_router(moe_tests, family):
+    model_f, model_q, gates = _quantized(moe_tests, family)
+    fused = copy.deepcopy(model_q.get_submodule(gates[0])).cuda().bfloat16()
+    original = copy.deepcopy(model_f.get_submodule(gates[0])).cuda().bfloat16()
+    x = torch.randn(16, moe_tests.H, generator=torch.Generator().manual_seed(3)).bfloat16().cuda()
+    _check_router(fused, original, x)
