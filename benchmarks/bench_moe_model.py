@@ -115,6 +115,7 @@ def quantize(model, mode: str, device: torch.device, args) -> dict:
     out["quantize_s"] = time.perf_counter() - t0
     out["nvfp4_model_gb"] = model_bytes(model) / 1e9
     out["experts_modules"] = sum(isinstance(m, moe.NVFP4Experts) for m in model.modules())
+    out["fused_routers"] = sum(isinstance(m, moe._FusedTopKForward) for m in model.modules())  # their top-k one op
     return out
 
 

@@ -35,6 +35,7 @@ from ._scale_checks import block_scales_problem, decode_scale_problem
 from .formats import to_blocked
 from .fused import fuse_projections
 from .moe import calibrate_static as _moe_calibrate
+from .moe import fuse_routers as _moe_fuse_routers
 from .nn import NVFP4Linear
 
 
@@ -272,6 +273,7 @@ def from_pretrained(
     if tied:
         model.tie_weights()
     moe_names = _moe_checkpoint.finish_load(model, moe_staging, device)
+    _moe_fuse_routers(model, moe_names)  # as quantize_experts leaves them: the same router outputs either way
     _materialize_non_persistent(model, device)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:

@@ -8,7 +8,10 @@ transformers 5 keeps a MoE layer's routed experts in one module (`mlp.experts`, 
 and `down_proj [E, H, I]`, called as `experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`
 by its MoE block after the router. NVFP4Experts replaces that module in place (as NVFP4Linear replaces
 nn.Linear): the router (`mlp.gate`) and everything around the experts stay as transformers has them, hooks on
-the MoE block keep working, and the experts' forward has the same signature. Shared experts (Qwen2-MoE's
+the MoE block keep working, and the experts' forward has the same signature. The router stays float, with its
+parameter, hooks and state_dict keys; where it is one of the softmax top-k routers read (Qwen3-MoE, Qwen2-MoE,
+Mixtral), its class becomes a subclass of its own whose forward runs the softmax, top-k, renormalization and cast
+as one op after the logits GEMM (`_moe_topk`, fuse_routers), with the same outputs. Shared experts (Qwen2-MoE's
 `shared_expert`, DeepSeek-V3's `shared_experts`) are ordinary MLPs of nn.Linear layers: quantize_model turns
 them into NVFP4Linear like any other.
 
@@ -345,6 +348,59 @@ def moe_route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
     return _MOE_ROUTE(top_k_index, num_experts)
 
 
+_MOE_TOPK = torch.ops.nvfp4_gemm._moe_topk.default
+_MOE_TOPK_MAX_EXPERTS, _MOE_TOPK_MAX_K = 512, 32  # csrc/bindings/moe_topk.h kMoeTopkMaxExperts, kMoeTopkMaxK
+
+
+@torch.library.register_fake("nvfp4_gemm::_moe_topk")
+def _moe_topk_fake(logits, k, normalize):
+    op = "nvfp4_gemm._moe_topk"
+    torch._check(logits.dim() == 2,
+                 lambda: f"{op}: logits must be 2-D [T, E] (tokens x experts), got shape {tuple(logits.shape)}")
+    torch._check(logits.dtype in _FLOATS,
+                 lambda: f"{op}: logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    e = logits.shape[1]
+    torch._check(1 <= e <= _MOE_TOPK_MAX_EXPERTS,
+                 lambda: f"{op}: logits must have 1 to {_MOE_TOPK_MAX_EXPERTS} experts (E = logits.size(1)), got {e}")
+    torch._check(1 <= k and k <= e and k <= _MOE_TOPK_MAX_K,
+                 lambda: f"{op}: k must be in [1, min(E, {_MOE_TOPK_MAX_K})], got {k} (E = {e})")
+    t = logits.shape[0]
+    return logits.new_empty((t, k)), logits.new_empty((t, k), dtype=torch.int64)
+
+
+def _moe_topk_setup_context(ctx, inputs, output):
+    logits, _, normalize = inputs
+    ctx.normalize = normalize
+    ctx.save_for_backward(logits, output[1])
+
+
+def _moe_topk_backward(ctx, grad_weights, _grad_ids):
+    # transformers' formula differentiated (the router's weight trains through the top-k weights as before): the
+    # cast, the renormalization w = v / sum(v), the gather of the selected p, the softmax; the selection itself is
+    # piecewise constant. The p are recomputed: saving [T, E] float32 for a rare backward is not worth it.
+    logits, ids = ctx.saved_tensors
+    p = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    g = grad_weights.float()
+    if ctx.normalize:
+        v = p.gather(-1, ids)
+        s = v.sum(-1, keepdim=True)
+        g = (g - (g * v).sum(-1, keepdim=True) / s) / s
+    gp = torch.zeros_like(p).scatter_(-1, ids, g)
+    return (p * (gp - (gp * p).sum(-1, keepdim=True))).to(logits.dtype), None, None
+
+
+torch.library.register_autograd("nvfp4_gemm::_moe_topk", _moe_topk_backward, setup_context=_moe_topk_setup_context)
+
+
+def moe_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax top-k router's selection from its logits [T, E] (float32 / float16 / bfloat16, E <= 512,
+    k <= min(E, 32)) on their device without a host sync (one kernel on CUDA): (weights [T, k] in logits' dtype,
+    ids [T, k] int64). softmax in float32, the k largest probabilities in descending order (equal ones: the lower
+    expert id first), divided by their float32 sum where normalize, rounded to logits' dtype: transformers'
+    Qwen3-MoE / Qwen2-MoE / Mixtral router after its F.linear, to a few float32 ulps (csrc/bindings/moe_topk.h)."""
+    return _MOE_TOPK(logits, k, normalize)
+
+
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
     sorted row, the sorted row of each pair and the per-expert row ends (offs) the grouped GEMM reads on the
@@ -481,6 +537,150 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The router: its softmax / top-k / renormalization / cast in one op
+
+# transformers' softmax top-k routers whose forward was read (transformers 5.23) -> (model package, the attribute
+# saying whether the top-k weights are renormalized (None: always), whether the weights are cast back to the
+# logits' dtype). Each forward is: logits = F.linear(hidden_states.reshape(-1, hidden_dim), weight),
+# p = softmax(float32(logits)), (w, ids) = topk(p, top_k), [w /= w.sum(-1)], [w = w.to(logits.dtype)], and it
+# returns (logits, w, ids). Mixtral always renormalizes and keeps w in float32.
+_ROUTERS = {
+    "Qwen3MoeTopKRouter": ("qwen3_moe", "norm_topk_prob", True),
+    "Qwen2MoeTopKRouter": ("qwen2_moe", "norm_topk_prob", True),
+    "MixtralTopKRouter": ("mixtral", None, False),
+}
+_ROUTER_PREFIX = "FusedTopK"
+_ROUTER_SUBCLASSES: dict[type, type] = {}
+_ROUTER_PROBES: dict[tuple[type, bool], str | None] = {}
+
+
+class _FusedTopKForward:
+    """The forward of a fused-top-k router (the base of the classes _router_subclass makes): transformers' logits
+    GEMM, then _moe_topk for the softmax, top-k, renormalization and cast (one kernel on CUDA instead of torch's
+    two top-k kernels and the softmax / normalize ones). The same outputs (logits, weights, ids), equal probabilities
+    ordered by the lower expert id. Logits of a dtype the op does not take run transformers' own forward."""
+
+    _normalize_attr: str | None = None
+    _cast: bool = True
+
+    def forward(self, hidden_states: torch.Tensor):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = nn.functional.linear(hidden_states, self.weight)
+        if router_logits.dtype not in _FLOATS:
+            return super().forward(hidden_states)
+        normalize = True if self._normalize_attr is None else bool(getattr(self, self._normalize_attr))
+        weights, ids = _MOE_TOPK(router_logits if self._cast else router_logits.float(), self.top_k, normalize)
+        return router_logits, weights, ids
+
+
+def _router_subclass(cls: type) -> type:
+    """The fused-top-k subclass of a router class of _ROUTERS: isinstance(router, cls) still holds (transformers
+    records router_logits and initializes weights by isinstance), named in this module for pickle (__getattr__)."""
+    sub = _ROUTER_SUBCLASSES.get(cls)
+    if sub is None:
+        _, norm, cast = _ROUTERS[cls.__name__]
+        name = _ROUTER_PREFIX + cls.__name__
+        sub = type(name, (_FusedTopKForward, cls), {
+            "__module__": __name__, "__qualname__": name, "_normalize_attr": norm, "_cast": cast,
+            "__doc__": f"transformers' {cls.__name__} with its top-k in one op (nvfp4_gemm.moe._FusedTopKForward)."})
+        _ROUTER_SUBCLASSES[cls] = sub
+    return sub
+
+
+def __getattr__(name: str):
+    # torch.save of a whole model pickles a fused router by its class's name: unpickling (in a fresh process too)
+    # looks it up here
+    base = name[len(_ROUTER_PREFIX):] if name.startswith(_ROUTER_PREFIX) else None
+    if base in _ROUTERS:
+        import importlib
+
+        pkg = _ROUTERS[base][0]
+        return _router_subclass(getattr(importlib.import_module(f"transformers.models.{pkg}.modeling_{pkg}"), base))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _probe_router(cls: type, normalize: bool) -> str | None:
+    """None if cls.forward computes what _FusedTopKForward does (once per class and flag, on a 16-token CPU
+    probe whose logits are distinct multiples of 1/8, so no ties), else what differed: a transformers release that
+    changes a router's forward leaves that router alone instead of routing differently."""
+    key = (cls, normalize)
+    if key not in _ROUTER_PROBES:
+        sub = _router_subclass(cls)
+        e, h, k = 12, 16, 3
+        probe = sub.__new__(sub)
+        nn.Module.__init__(probe)
+        probe.top_k, probe.num_experts, probe.hidden_dim = k, e, h
+        if sub._normalize_attr is not None:
+            setattr(probe, sub._normalize_attr, normalize)
+        g = torch.Generator().manual_seed(0)
+        # one-hot hidden states: token t's logits are the weight's column t, exactly
+        probe.weight = nn.Parameter((torch.randperm(e * h, generator=g).reshape(e, h).float() - e * h / 2) / 8,
+                                    requires_grad=False)
+        x = torch.eye(h)
+        why = None
+        try:
+            with torch.no_grad():
+                want, got = cls.forward(probe, x), probe(x)
+            if not (isinstance(want, tuple) and len(want) == 3):
+                why = "its forward does not return (logits, weights, ids)"
+            elif not torch.equal(want[0], got[0]) or not torch.equal(want[2], got[2]):
+                why = "its forward selects other experts than softmax + top-k"
+            elif want[1].dtype != got[1].dtype or not torch.allclose(want[1], got[1], rtol=1e-5, atol=0):
+                why = "its forward weighs the experts otherwise than softmax + top-k + renormalization"
+        except Exception as exc:  # noqa: BLE001 - any failure on the probe means the forward is not the one read
+            why = f"its forward fails on a probe ({type(exc).__name__}: {exc})"
+        _ROUTER_PROBES[key] = why
+    return _ROUTER_PROBES[key]
+
+
+def router_problem(mod: nn.Module) -> str | None:
+    """None if the router `mod` can take the fused top-k (fuse_routers), else why not."""
+    cls = type(mod)
+    spec = _ROUTERS.get(cls.__name__)
+    if spec is None or family_of(mod) != spec[0]:
+        return f"{cls.__name__} ({cls.__module__}) is not one of the softmax top-k routers read ({', '.join(_ROUTERS)})"
+    if "forward" in mod.__dict__:
+        return "its forward is replaced on the instance"
+    w = getattr(mod, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or getattr(mod, "hidden_dim", None) != w.shape[1]:
+        return "its weight is not a 2-D [E, hidden_dim] tensor"
+    e, k = w.shape[0], getattr(mod, "top_k", None)
+    if not 1 <= e <= _MOE_TOPK_MAX_EXPERTS:
+        return f"it has {e} experts; the op takes 1 to {_MOE_TOPK_MAX_EXPERTS}"
+    if not isinstance(k, int) or not 1 <= k <= min(e, _MOE_TOPK_MAX_K):
+        return f"its top_k {k!r} is not in [1, min(E, {_MOE_TOPK_MAX_K})]"
+    normalize = True
+    if spec[1] is not None:
+        normalize = getattr(mod, spec[1], None)
+        if not isinstance(normalize, bool):
+            return f"its {spec[1]} is not a bool"
+    return _probe_router(cls, normalize)
+
+
+def fuse_routers(model: nn.Module, experts_names: list[str]) -> list[str]:
+    """Gives the router (the 'gate' beside each experts module of `experts_names`) the fused top-k forward, in
+    place, where router_problem accepts it: the module keeps its parameter, attributes, hooks and state_dict keys;
+    only its class becomes the fused subclass of its own. Other routers are left as they are. Returns the names of
+    the routers fused (already fused ones included)."""
+    out = []
+    for name in experts_names:
+        block = name.rpartition(".")[0]
+        gate = f"{block}.gate" if block else "gate"
+        try:
+            router = model.get_submodule(gate)
+        except AttributeError:
+            continue
+        if not isinstance(router, _FusedTopKForward):
+            why = router_problem(router)
+            if why is not None:
+                log.debug("router '%s' keeps its own forward: %s", gate, why)
+                continue
+            router.__class__ = _router_subclass(type(router))
+        out.append(gate)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Calibration and quantize_model's part
 
 
@@ -556,7 +756,8 @@ def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_on
     by NVFP4Experts.from_float. calibrate(model): W4A4 experts get static per-expert input scales from the
     largest finite |input| each expert saw; mse weighs columns by the inputs' mean squares; gptq needs it (one
     calibrate pass per experts module, its Hessians only: sequential, as quantize_model's dense GPTQ).
-    Returns the names replaced."""
+    The routers beside the replaced modules take the fused top-k (fuse_routers; the same outputs). Returns the
+    names replaced."""
     names = experts_to_quantize(model, filter)
     if method == "gptq" and calibrate is None:
         raise ValueError("quantize_experts: method='gptq' needs calibrate")
@@ -593,6 +794,7 @@ def quantize_experts(model: nn.Module, filter=None, *, calibrate=None, weight_on
     finally:
         if bar is not None:
             bar.close()
+    fuse_routers(model, names)
     return names
 
 
