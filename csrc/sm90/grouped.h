@@ -16,8 +16,8 @@
 
 // The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): X(TOKENS, KT, STAGES), 128 B
 // rows x TOKENS rows of a group per tile, KT-wide stages, STAGES deep, one CTA per SM (the pipelines of the dense
-// 64- and 128-token configs); fp16 / bf16 A, or NVFP4 A decoded by a grouped prepass. In the grouped table after
-// the K-sliced ones.
+// 64- and 128-token configs, and an 80-token one that holds a group of ~64 rows in one tile); fp16 / bf16 A, or
+// NVFP4 A decoded by a grouped prepass. In the grouped table after the K-sliced ones.
 #define NVFP4_SM90_GROUPED_WGMMA_CONFIGS(X) \
   X(64, 256, 4)                             \
   X(128, 128, 5)                            \

@@ -60,7 +60,7 @@ constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_G
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
-constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1;
+constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -82,8 +82,15 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // 32 rows 5240 / 5353 / 8571 (DeepSeek-V3, 1024); 64 rows 596.3 / 442.4 / 488.1 (Qwen3, 1024) and 1208 / 693.5 /
 // 808.4 (Mixtral-8x7B, 256); 128 rows 18071 / 13150 / 13920 (DeepSeek-V3, 4096); 256 rows 2168 / 1296 / 1191
 // (Qwen3, 4096) and 4346 / 2231 / 2264 (Mixtral, 1024); 1024 rows 16964 / 8429 / 7570 (Mixtral, 4096).
+// The 80-token config (a tile that holds a group of ~64 rows whole, where 64-row tiles need two for half the groups)
+// against the 64-token one, same run: 64 rows 332.4 / 450.8 (Qwen3, 1024) and 563.2 / 737.4 (Mixtral, 256); 128
+// rows 649.7 / 745.3 (Qwen3, 2048); 256 rows 2166 / 2308 (Mixtral, 1024, where the 128-token config took 2264); 512
+// rows 4322 / 4654 (Mixtral, 2048). It takes over from 56 rows per group (where about one group in seven outgrows a
+// 64-row tile; 40-56 not measured), the 128-token config only from 512 (it won at 1024 rows, lost to the 80-token
+// one at 256).
 constexpr int64_t kWgmma64FromRowsPerGroup = 40;
-constexpr int64_t kWgmma128FromRowsPerGroup = 256;
+constexpr int64_t kWgmma80FromRowsPerGroup = 56;
+constexpr int64_t kWgmma128FromRowsPerGroup = 512;
 
 void set_msg(char* buf, size_t len, const char* msg) {
   if (buf && len) std::snprintf(buf, len, "%s", msg);
@@ -170,6 +177,7 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   for (const auto& [config, from] : {std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
+                                     std::pair{kWgmma80, kWgmma80FromRowsPerGroup},
                                      std::pair{kWgmma64, kWgmma64FromRowsPerGroup}})
     if (p->t >= from * p->g && check(p, config, dev, nullptr, 0)) return config;
   const int config = p->t >= kGwk16FromRowsPerGroup * p->g ? 1 : 0;
@@ -296,7 +304,8 @@ const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
          "T >= 40 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
-         "T >= 256 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
+         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
+         "T >= 512 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 
