@@ -29,6 +29,10 @@
 #   model      bench_model.py MODEL_ARGS (--stacks 8b), a chart beside the JSON. MODEL_TIMEOUT (240)
 #   generate   bench_generate.py, GEN_VARIANTS (default: all eight; three fit one 10-minute call) on GEN_LAYERS
 #              (32) decoder layers, more GEN_ARGS; needs transformers. GEN_TIMEOUT (540)
+#   moe        bench_moe.py (one MoE layer's gate_up + down beside bf16 grouped_mm, humming and the read floor) with
+#              MOE_ARGS (default --quick), its tables from $OUT/bench_moe.md. MOE_TIMEOUT (300)
+#   moe_model  bench_moe_model.py (a transformers Qwen3-MoE with Qwen3-30B-A3B's shapes, decode steps and prefill)
+#              with MOE_MODEL_ARGS (default --quick); needs transformers. MOE_MODEL_TIMEOUT (400)
 #   train      tests/test_decode_op.py, test_autograd.py and test_peft.py on the CUDA backends; bench_train.py
 #              on TRAIN_LAYERS (4) layers with TRAIN_ARGS (--profile --breakdown; TRAIN_ARGS= for none);
 #              examples/lora_finetune.py (8B-shaped, 2 layers, 30 steps); with TRAIN_CKPT=1, bench_train.py
@@ -61,8 +65,8 @@
 
 # The knobs that hold several arguments (*_ARGS, *_FILES, the lists) are split on spaces on purpose.
 # shellcheck disable=SC2086
-STEPS=(build diagbuild tests selftest main sanitize mm model generate train methods quantize linear minilm small_m
-       multi_gpu sm90 ncu diag)
+STEPS=(build diagbuild tests selftest main sanitize mm model generate moe moe_model train methods quantize linear minilm
+       small_m multi_gpu sm90 ncu diag)
 
 usage() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
 if [ $# = 0 ]; then usage >&2; exit 2; fi
@@ -178,6 +182,16 @@ for step_name in "$@"; do
       run bench_generate "${GEN_TIMEOUT:-540}" python3 benchmarks/bench_generate.py ${GEN_VARIANTS:+--variants "$GEN_VARIANTS"} \
         --layers "${GEN_LAYERS:-32}" ${GEN_ARGS:-} --json "$OUT/bench_generate.json"
       report bench_generate bench_generate ;;
+    moe)
+      step "bench_moe ${MOE_ARGS:---quick}"
+      run bench_moe "${MOE_TIMEOUT:-300}" python3 benchmarks/bench_moe.py ${MOE_ARGS:---quick} --out "$OUT"
+      grep -E "^\||^\*\*" "$OUT/bench_moe.md" 2>/dev/null | head -80 || tail -20 "$OUT/bench_moe.log" ;;
+    moe_model)
+      step "bench_moe_model ${MOE_MODEL_ARGS:---quick}"
+      need transformers || continue
+      run bench_moe_model "${MOE_MODEL_TIMEOUT:-400}" python3 benchmarks/bench_moe_model.py ${MOE_MODEL_ARGS:---quick} \
+        --json "$OUT/bench_moe_model.json"
+      grep -E "^\||^- |profile" "$OUT/bench_moe_model.log" | tail -30 ;;
     train)
       step "tests: decode op, autograd, peft (CUDA backends)"
       need peft || continue
