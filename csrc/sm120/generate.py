@@ -30,20 +30,17 @@ CUTLASS 4.2's SM120 examples or our own runs exercises it, and these kernels hav
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import generated_files  # noqa: E402  (csrc/generated_files.py)
+
 OUT_DIR = os.path.join(HERE, "generated")
 
-# (file suffix, CUTLASS element, OutDtype enumerator)
-OUT_DTYPES = (
-    ("f16", "cutlass::half_t", "kFloat16"),
-    ("bf16", "cutlass::bfloat16_t", "kBFloat16"),
-    ("f32", "float", "kFloat32"),
-)
+OUT_DTYPES = generated_files.OUT_DTYPES  # (file suffix, CUTLASS element, OutDtype enumerator)
 
 
 @dataclass(frozen=True)
@@ -181,26 +178,7 @@ def render() -> dict[str, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if generated/ differs from a fresh render")
-    args = ap.parse_args()
-    want = render()
-    have = {f: open(os.path.join(OUT_DIR, f)).read() for f in (os.listdir(OUT_DIR) if os.path.isdir(OUT_DIR) else [])}
-    if args.check:
-        stale = sorted(f for f in set(want) | set(have) if want.get(f) != have.get(f))
-        if stale:
-            print("csrc/sm120/generated is stale (run python csrc/sm120/generate.py): " + ", ".join(stale))
-            return 1
-        return 0
-    os.makedirs(OUT_DIR, exist_ok=True)
-    for f in set(have) - set(want):
-        os.remove(os.path.join(OUT_DIR, f))
-    for f, text in want.items():
-        if have.get(f) != text:
-            with open(os.path.join(OUT_DIR, f), "w") as fh:
-                fh.write(text)
-    print(f"{len(want)} files in {os.path.relpath(OUT_DIR)}")
-    return 0
+    return generated_files.main(__doc__, render, OUT_DIR)
 
 
 if __name__ == "__main__":
