@@ -519,20 +519,15 @@ def main() -> int:
             for mode in ("weight_only", "dynamic"):
                 with watchdog(f"check llama {mode}", args.decode_watchdog):
                     check_llama(args, world, dev, mesh, mode)
-            with watchdog("check load + generate", args.decode_watchdog):
-                try:
-                    check_generate(args, world, dev, mesh)
-                except Exception as e:  # noqa: BLE001
-                    record(args, part="check", model="load + generate", error=f"{type(e).__name__}: {e}")
-                    if RANK == 0:
-                        traceback.print_exc()
-            with watchdog("check qwen3-moe", args.decode_watchdog):
-                try:
-                    check_moe(args, world, dev, mesh)
-                except Exception as e:  # noqa: BLE001
-                    record(args, part="check", model="qwen3-moe", error=f"{type(e).__name__}: {e}")
-                    if RANK == 0:
-                        traceback.print_exc()
+            # a failed check is recorded with its error and the next one still runs
+            for model, check in (("load + generate", check_generate), ("qwen3-moe", check_moe)):
+                with watchdog(f"check {model}", args.decode_watchdog):
+                    try:
+                        check(args, world, dev, mesh)
+                    except Exception as e:  # noqa: BLE001
+                        record(args, part="check", model=model, error=f"{type(e).__name__}: {e}")
+                        if RANK == 0:
+                            traceback.print_exc()
         if "decode" in parts:
             decode(args, world, dev, mesh)
     finally:

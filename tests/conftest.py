@@ -87,3 +87,18 @@ def capture_graph(fn):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+def cuda_kernels(fn) -> list[str]:
+    """Names of the GPU kernels one call of fn launches, after a first call (module loads, workspaces, one-time
+    checks); memcpy / memset events left out (none are ours)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+            and not e.name.startswith(("Memcpy", "Memset"))]

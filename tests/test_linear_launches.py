@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 import nvfp4_gemm
 from nvfp4_gemm.testing import MODES
-from conftest import requires_cuda
+from conftest import cuda_kernels, requires_cuda
 from test_nn import layer_for, make_activations, make_linear
 
 pytestmark = requires_cuda
@@ -56,17 +54,6 @@ def own_launches(mode: str, m: int, k: int) -> int:
         own_kernel = mode != "weight_only" and quantizes_in_its_own_kernel(m, k)
         return int(mode == "dynamic" and not forms_scales_in_the_call(m, k)) + int(own_kernel)
     return {"dynamic": 2, "static": 1, "weight_only": 0}[mode]
-
-
-def cuda_kernels(fn) -> list[str]:
-    """Names of the GPU kernels one call of fn launches (memcpy / memset events left out: none are ours)."""
-    fn()  # first use: module loads, workspaces, one-time checks
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation
-            and not e.name.startswith(("Memcpy", "Memset"))]
 
 
 def mm_alone(layer, x: torch.Tensor, bias: bool):

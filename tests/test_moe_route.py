@@ -17,7 +17,7 @@ import torch
 
 import nvfp4_gemm  # noqa: F401  (loads the op)
 from nvfp4_gemm import moe
-from conftest import capture_graph, requires_cuda, run_without_host_sync
+from conftest import capture_graph, cuda_kernels, requires_cuda, run_without_host_sync
 
 OP = torch.ops.nvfp4_gemm._moe_route.default
 MAX_EXPERTS = 4096
@@ -223,19 +223,6 @@ def test_forward_refuses_ids_outside_the_experts_on_the_cpu(moe_tests):
 
 
 ONE_LAUNCH_PAIRS = 8192  # csrc/cuda/moe_route.h kMoeRouteOneLaunchPairs
-
-
-def cuda_kernels(fn) -> list[str]:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [ev.name for ev in prof.events() if ev.device_type == DeviceType.CUDA and not ev.is_user_annotation
-            and not ev.name.startswith(("Memcpy", "Memset"))]
 
 
 @requires_cuda

@@ -24,7 +24,7 @@ import torch
 
 import nvfp4_gemm  # noqa: F401  (loads the op)
 from nvfp4_gemm import moe
-from conftest import capture_graph, requires_cuda, run_without_host_sync
+from conftest import capture_graph, cuda_kernels, requires_cuda, run_without_host_sync
 
 OP = torch.ops.nvfp4_gemm._moe_topk.default
 MAX_EXPERTS, MAX_K = 512, 32
@@ -394,7 +394,6 @@ def test_cuda_raw_probabilities_are_torchs_bit_for_bit():
 
 @requires_cuda
 def test_cuda_one_kernel_no_host_sync():
-    from test_moe_route import cuda_kernels
 
     for t in (1, 16, 2000):
         x = make_logits(t, 128, torch.bfloat16, seed=t).cuda()
