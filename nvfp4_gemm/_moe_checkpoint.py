@@ -27,7 +27,7 @@ from torch import nn
 
 from ._checkpoint_io import UnsupportedFormatError
 from .formats import from_blocked, to_blocked
-from .moe import NVFP4Experts, looks_like_experts, unsupported_reason
+from .moe import NVFP4Experts, looks_like_experts, router_of, unsupported_reason
 from .nn import NVFP4Linear
 
 # (attribute of the decoder layer holding the MoE block on disk, gate, up, down): transformers' own names
@@ -296,12 +296,7 @@ def router_names(model: nn.Module) -> list[str]:
     out = []
     for name, mod in model.named_modules():
         if isinstance(mod, (NVFP4Experts, _StagedExperts)) or looks_like_experts(mod):
-            block = name.rpartition(".")[0]
-            gate = f"{block}.gate" if block else "gate"
-            try:
-                router = model.get_submodule(gate)
-            except AttributeError:
-                continue
-            if not isinstance(router, NVFP4Linear):
+            gate, router = router_of(model, name)
+            if router is not None and not isinstance(router, NVFP4Linear):
                 out.append(gate)
     return out

@@ -657,6 +657,17 @@ def router_problem(mod: nn.Module) -> str | None:
     return _probe_router(cls, normalize)
 
 
+def router_of(model: nn.Module, experts_name: str) -> tuple[str, nn.Module | None]:
+    """The router beside the experts module `experts_name` (its MoE block's 'gate'): (its name, the module or None
+    where the block has none)."""
+    block = experts_name.rpartition(".")[0]
+    gate = f"{block}.gate" if block else "gate"
+    try:
+        return gate, model.get_submodule(gate)
+    except AttributeError:
+        return gate, None
+
+
 def fuse_routers(model: nn.Module, experts_names: list[str]) -> list[str]:
     """Gives the router (the 'gate' beside each experts module of `experts_names`) the fused top-k forward, in
     place, where router_problem accepts it: the module keeps its parameter, attributes, hooks and state_dict keys;
@@ -664,11 +675,8 @@ def fuse_routers(model: nn.Module, experts_names: list[str]) -> list[str]:
     the routers fused (already fused ones included)."""
     out = []
     for name in experts_names:
-        block = name.rpartition(".")[0]
-        gate = f"{block}.gate" if block else "gate"
-        try:
-            router = model.get_submodule(gate)
-        except AttributeError:
+        gate, router = router_of(model, name)
+        if router is None:
             continue
         if not isinstance(router, _FusedTopKForward):
             why = router_problem(router)

@@ -63,3 +63,27 @@ def skip_refused_weight_only_float32(name: str, mode: str, dtype: torch.dtype) -
     runs them on the generic path."""
     if mode == "weight_only" and dtype == torch.float32 and name in ("sm90", "sm100"):
         pytest.skip(f"a forced {name} backend refuses float32 activations (they run on the generic path)")
+
+
+def run_without_host_sync(fn):
+    """fn() once to warm up, then again with torch's sync debug mode set to raise on any host synchronization."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def capture_graph(fn):
+    """(graph, fn's outputs inside it): fn() warmed up once on a side stream, then captured in a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

@@ -17,6 +17,7 @@ import torch
 import nvfp4_gemm
 from nvfp4_gemm import moe
 from nvfp4_gemm.formats import dequantize, from_blocked, to_blocked
+from conftest import capture_graph
 
 transformers = pytest.importorskip("transformers")
 
@@ -407,14 +408,7 @@ def test_cuda_experts_match_the_cpu_and_replay_in_a_graph_with_new_routing(mode)
         # the GPU's fp32 accumulation order differs from the CPU's: bf16 rounding of the same values
         assert (got - want).abs().max() <= 2.0**-6 * want.abs().max(), (got - want).abs().max()
         # one CUDA graph, captured on one routing, replayed on others (routing is read on the device only)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            gq(xs, idxs, ws)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = gq(xs, idxs, ws)
+        graph, out = capture_graph(lambda: gq(xs, idxs, ws))
         for seed, kind in ((7, "random"), (8, "one_expert"), (9, "skewed")):
             idx2, w2 = _routing(t, kind, seed=seed)
             x2 = torch.randn(t, H, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)

@@ -17,7 +17,7 @@ import torch
 
 import nvfp4_gemm  # noqa: F401  (loads the op)
 from nvfp4_gemm import moe
-from conftest import requires_cuda
+from conftest import capture_graph, requires_cuda, run_without_host_sync
 
 OP = torch.ops.nvfp4_gemm._moe_route.default
 MAX_EXPERTS = 4096
@@ -272,13 +272,7 @@ def test_cuda_forms_and_launches():
 def test_cuda_never_syncs_the_host():
     for t in (16, 2000):
         idx = make_ids(t, 8, 128, "random", seed=t).cuda()
-        OP(idx, 128)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            OP(idx, 128)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        run_without_host_sync(lambda: OP(idx, 128))
 
 
 @requires_cuda
@@ -286,14 +280,7 @@ def test_cuda_never_syncs_the_host():
 def test_cuda_graph_replays_new_routing(t):
     e, k = 128, 8
     ids = make_ids(t, k, e, "random", seed=1).cuda()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        OP(ids, e)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = OP(ids, e)
+    graph, out = capture_graph(lambda: OP(ids, e))
     for seed, kind in ((2, "random"), (3, "skewed"), (4, "one_expert"), (5, "sentinel")):
         new = make_ids(t, k, e, kind, seed=seed)
         ids.copy_(new)

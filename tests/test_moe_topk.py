@@ -24,7 +24,7 @@ import torch
 
 import nvfp4_gemm  # noqa: F401  (loads the op)
 from nvfp4_gemm import moe
-from conftest import requires_cuda
+from conftest import capture_graph, requires_cuda, run_without_host_sync
 
 OP = torch.ops.nvfp4_gemm._moe_topk.default
 MAX_EXPERTS, MAX_K = 512, 32
@@ -400,12 +400,7 @@ def test_cuda_one_kernel_no_host_sync():
         x = make_logits(t, 128, torch.bfloat16, seed=t).cuda()
         got = cuda_kernels(lambda: OP(x, 8, True))
         assert len(got) == 1 and "topk_rows" in got[0], got
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            OP(x, 8, True)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        run_without_host_sync(lambda: OP(x, 8, True))
 
 
 @requires_cuda
@@ -413,14 +408,7 @@ def test_cuda_one_kernel_no_host_sync():
 def test_cuda_graph_replays_new_logits(t):
     e, k = 128, 8
     x = make_logits(t, e, torch.bfloat16, seed=1).cuda()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        OP(x, k, True)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w, ids = OP(x, k, True)
+    graph, (w, ids) = capture_graph(lambda: OP(x, k, True))
     for seed in (2, 3, 4):
         new = make_logits(t, e, torch.bfloat16, seed=seed, ties=seed == 4)
         x.copy_(new)

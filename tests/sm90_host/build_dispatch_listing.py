@@ -27,7 +27,8 @@ def build(workdir: str) -> str:
     flags = ["-std=c++17", "-O1", "--expt-relaxed-constexpr", "--expt-extended-lambda",
              "-gencode=arch=compute_90a,code=compute_90a", "-I", os.path.join(ROOT, "csrc")]
     flags += [f for d in cutlass for f in ("-I", d)]
-    flags += [f for f in bm.COMMON_NVCC_FLAGS if f.startswith("-U")]
+    # the module's own defines too (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: the 80-token wgmma shapes)
+    flags += [f for f in bm.COMMON_NVCC_FLAGS if f.startswith(("-U", "-D"))]
     sources = [os.path.join(ROOT, "csrc", "sm90", "backend.cu"),
                os.path.join(ROOT, "tests", "sm90_host", "dispatch_listing_stubs.cu"),
                os.path.join(ROOT, "tests", "sm90_host", "dispatch_listing.cu")]
