@@ -10,6 +10,7 @@
 
 #include "common/grouped.h"
 #include "sm90/grouped.h"
+#include "sm90/grouped_scan.cuh"
 #include "sm90/sm90_gemm.cuh"
 #include "sm90/tensor_map.h"
 
@@ -62,37 +63,13 @@ __global__ void __launch_bounds__(256) decode_a_grouped_kernel(const uint8_t* __
   __shared__ int64_t s_pad[kWgmmaMaxGroups];
   for (int g = threadIdx.x; g < groups; g += blockDim.x) s_end[g] = min(max(offs[g], 0), t);
   __syncthreads();
-  if (threadIdx.x < 32) {  // running max of the ends, then the padded rows before each group, 32 groups a round
-    constexpr unsigned kAll = 0xFFFFFFFFu;
-    const int lane = threadIdx.x;
-    int run = 0;
-    int64_t carry = 0;
-    for (int base = 0; base < groups; base += 32) {
-      const int g = base + lane;
-      int end = g < groups ? s_end[g] : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(kAll, end, d);
-        if (lane >= d) end = max(end, x);
-      }
-      end = max(end, run);
-      int start = __shfl_up_sync(kAll, end, 1);
-      if (lane == 0) start = run;
-      const int64_t padded = (end - start + kSfAtomRows - 1) / kSfAtomRows * kSfAtomRows;
-      int64_t incl = padded;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int64_t x = __shfl_up_sync(kAll, incl, d);
-        if (lane >= d) incl += x;
-      }
-      if (g < groups) {
-        s_end[g] = end;
-        s_pad[g] = carry + incl - padded;
-      }
-      carry += __shfl_sync(kAll, incl, 31);
-      run = __shfl_sync(kAll, end, 31);
-    }
-  }
+  if (threadIdx.x < 32)  // each group's end, and the padded sfa rows ahead of it
+    scan_groups<int64_t>(
+        s_end, groups, [](int start, int end) { return round_up(int64_t{end} - start, kSfAtomRows); },
+        [&](int g, int, int end, int64_t before, int64_t) {
+          s_end[g] = end;
+          s_pad[g] = before;
+        });
   __syncthreads();
   const int kblocks = k / 64;  // K % 256 == 0: every block is whole
   const int64_t total = static_cast<int64_t>(t) * kblocks * 8;

@@ -55,6 +55,7 @@
 #include "common/pdl.h"
 #include "common/problem.h"
 #include "sm90/fp4_decode.cuh"
+#include "sm90/grouped_scan.cuh"
 #include "sm90/per_device.h"
 #include "sm90/split_plan.h"
 #include "sm90/trace.cuh"
@@ -298,37 +299,15 @@ __device__ __forceinline__ int build_grouped_tiles(const GemmParams& p, GroupedT
   const int groups = p.groups, t = p.m;
   for (int g = threadIdx.x; g < groups; g += kThreads) gt.rows[g] = min(max(p.offs[g], 0), t);  // the ends, first
   __syncthreads();
-  if (threadIdx.x < 32) {  // running max of the ends, then an inclusive scan of the tile counts, 32 groups a round
-    constexpr unsigned kAll = 0xFFFFFFFFu;
-    const int lane = threadIdx.x;
-    int run = 0, carry = 0;
-    for (int base = 0; base < groups; base += 32) {
-      const int g = base + lane;
-      const bool live = g < groups;
-      int end = live ? gt.rows[g] : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(kAll, end, d);
-        if (lane >= d) end = max(end, x);
-      }
-      end = max(end, run);
-      int start = __shfl_up_sync(kAll, end, 1);
-      if (lane == 0) start = run;
-      int n = live ? (end - start + TOKENS - 1) / TOKENS * p.tiles_w : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(kAll, n, d);
-        if (lane >= d) n += x;
-      }
-      if (live) {
-        gt.row0[g] = start;
-        gt.rows[g] = end - start;
-        gt.first[g + 1] = carry + n;
-      }
-      carry += __shfl_sync(kAll, n, 31);
-      run = __shfl_sync(kAll, end, 31);
-    }
-    if (lane == 0) gt.first[0] = 0;
+  if (threadIdx.x < 32) {
+    scan_groups<int>(
+        gt.rows, groups, [&](int start, int end) { return (end - start + TOKENS - 1) / TOKENS * p.tiles_w; },
+        [&](int g, int start, int end, int before, int n) {
+          gt.row0[g] = start;
+          gt.rows[g] = end - start;
+          gt.first[g + 1] = before + n;
+        });
+    if (threadIdx.x == 0) gt.first[0] = 0;
   }
   __syncthreads();
   return gt.first[groups];
