@@ -15,7 +15,8 @@ Prefill: --prefill tokens at batch 1, eager (GEMM-bound), into a fresh static ca
 token only; median of 5 runs between CUDA events. generate(): --generate-tokens new tokens after a 64-token
 prompt, greedy, static cache, eager (disable_compile: transformers would otherwise compile with inductor's
 CUDA graphs), wall clock between synchronizes, median of 3; secondary (it moves +-15% between runs on a shared
-host). Profile: one eager call of the compiled step under torch.profiler; every GPU kernel is put in GEMM
+host). Profile: one eager call of the compiled step under torch.profiler (and, on CUDA, one replay of its
+graph: each kernel's time and the idle time before it); every GPU kernel is put in GEMM
 (ours, cuBLAS, humming), attention (SDPA's kernels), input quantization (our amax / quantize kernels) or the
 rest, by name; its kernel count is the launches per step.
 
@@ -238,6 +239,9 @@ def decode_step(model, forward, batch: int, args, timer: Timer) -> dict:
             out["logits"] = outs[0].float().cpu()
             set_length(cache, args.context)
             out["ms"] = statistics.median(timer._intervals_ms(graph.replay, sleep_first=True))
+            if args.profile and batch == min(args.batch):
+                set_length(cache, args.context)
+                replay_profile = replay_timeline(graph.replay)
             del graph, outs
         else:
             times = []
@@ -251,6 +255,8 @@ def decode_step(model, forward, batch: int, args, timer: Timer) -> dict:
         if args.profile and batch == min(args.batch):
             set_length(cache, args.context)
             out["profile"] = profile_step(step, device)
+            if timer.cuda:
+                out["profile"]["replay"] = replay_profile
     del cache
     return out
 
@@ -271,6 +277,35 @@ def classify(name: str) -> str:
         if any(k in low for k in keys):
             return cls
     return "other"
+
+
+def replay_timeline(replay) -> dict:
+    """One replay of the step's CUDA graph under torch.profiler: its kernels in the order they ran, each with its
+    own time and the idle time between the end of the kernel before and its start (launch latency and
+    dependencies: what a graph still pays per kernel), summed per kernel name."""
+    from torch.autograd import DeviceType
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                      if e.device_type == DeviceType.CUDA), key=lambda k: k[0])
+    if not kernels:
+        return {"kernels": 0}
+    per_name: dict = {}
+    prev_end = kernels[0][0]
+    for start, end, name in kernels:
+        rec = per_name.setdefault(name, {"count": 0, "us": 0.0, "gap_us": 0.0, "cls": classify(name)})
+        rec["count"] += 1
+        rec["us"] += end - start
+        rec["gap_us"] += max(0.0, start - prev_end)
+        prev_end = max(prev_end, end)
+    busy = sum(r["us"] for r in per_name.values())
+    top = sorted(per_name.items(), key=lambda kv: -(kv[1]["us"] + kv[1]["gap_us"]))
+    return {"kernels": len(kernels), "span_ms": (prev_end - kernels[0][0]) / 1e3, "busy_ms": busy / 1e3,
+            "gap_ms": sum(r["gap_us"] for r in per_name.values()) / 1e3,
+            "top": [dict(name=n[:120], **r) for n, r in top[:40]]}
 
 
 def profile_step(step, device: torch.device) -> dict:

@@ -189,6 +189,13 @@ def time_variant(variant: str, model, args, timer: Timer, clock: Clock, baseline
             cls = step["profile"]["classes"]
             print(f"    {variant} batch {b} profile (eager, {step['profile']['kernels']} kernels): " +
                   ", ".join(f"{c} {v['ms']:.2f} ms / {v['count']}" for c, v in cls.items()), flush=True)
+            rp = step["profile"].get("replay")
+            if rp and rp.get("kernels"):
+                print(f"    {variant} batch {b} graph replay: {rp['kernels']} kernels, span {rp['span_ms']:.3f} ms, "
+                      f"kernels busy {rp['busy_ms']:.3f}, idle between kernels {rp['gap_ms']:.3f}", flush=True)
+                for t in rp["top"][:25]:
+                    print(f"      {t['count']:4d} x {t['us'] / t['count']:7.2f} us + idle {t['gap_us'] / t['count']:5.2f}"
+                          f"  {t['cls']:9s} {t['name'][:90]}", flush=True)
         rec[f"finite_b{b}"] = bool(torch.isfinite(logits).all())
         ref = baseline.get(b)
         if ref is not None and ref.shape == logits.shape:
