@@ -401,32 +401,6 @@ def moe_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tenso
     return _MOE_TOPK(logits, k, normalize)
 
 
-_MOE_ROUTER = torch.ops.nvfp4_gemm._moe_router.default
-
-
-@torch.library.register_fake("nvfp4_gemm::_moe_router")
-def _moe_router_fake(x, weight, k, normalize):
-    op = "nvfp4_gemm._moe_router"
-    torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D [T, H] (tokens x hidden), got shape {tuple(x.shape)}")
-    torch._check(weight.dim() == 2,
-                 lambda: f"{op}: weight must be 2-D [E, H] (experts x hidden), got shape {tuple(weight.shape)}")
-    torch._check(weight.dtype == x.dtype, lambda: f"{op}: weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    torch._check(weight.shape[1] == x.shape[1],
-                 lambda: f"{op}: weight's H (size(1)) must equal x's {x.shape[1]}, got {weight.shape[1]}")
-    logits = x.new_empty((x.shape[0], weight.shape[0]))
-    weights, ids = _moe_topk_fake(logits, k, normalize)
-    return logits, weights, ids
-
-
-def moe_router(x: torch.Tensor, weight: torch.Tensor, k: int,
-               normalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A softmax top-k router whole, x [T, H] and weight [E, H] of one dtype: (logits = x @ weight^T, and moe_topk
-    of them). On CUDA at decode sizes (sm_90+, T <= 16, E <= 256, float16 / bfloat16) one kernel computes the
-    logits (float32 sums in its own fixed order, rounded once: a logit may differ from F.linear's in the last bit)
-    and the top-k; elsewhere F.linear, then moe_topk. No autograd: training keeps F.linear + moe_topk."""
-    return _MOE_ROUTER(x, weight, k, normalize)
-
-
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
     sorted row, the sorted row of each pair and the per-expert row ends (offs) the grouped GEMM reads on the
@@ -584,23 +558,17 @@ class _FusedTopKForward:
     """The forward of a fused-top-k router (the base of the classes _router_subclass makes): transformers' logits
     GEMM, then _moe_topk for the softmax, top-k, renormalization and cast (one kernel on CUDA instead of torch's
     two top-k kernels and the softmax / normalize ones). The same outputs (logits, weights, ids), equal probabilities
-    ordered by the lower expert id. Logits of a dtype the op does not take run transformers' own forward. On CUDA
-    without autograd, routers that cast the weights to the logits' dtype (Qwen3-MoE, Qwen2-MoE) run _moe_router
-    instead: at decode sizes the GEMM and the top-k in one kernel (moe_router)."""
+    ordered by the lower expert id. Logits of a dtype the op does not take run transformers' own forward."""
 
     _normalize_attr: str | None = None
     _cast: bool = True
 
     def forward(self, hidden_states: torch.Tensor):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
-        normalize = True if self._normalize_attr is None else bool(getattr(self, self._normalize_attr))
-        if (self._cast and hidden_states.is_cuda and hidden_states.dtype == self.weight.dtype
-                and hidden_states.dtype in (torch.float16, torch.bfloat16)
-                and not (torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad))):
-            return _MOE_ROUTER(hidden_states, self.weight, self.top_k, normalize)  # GEMM + top-k in one kernel
         router_logits = nn.functional.linear(hidden_states, self.weight)
         if router_logits.dtype not in _FLOATS:
             return super().forward(hidden_states)
+        normalize = True if self._normalize_attr is None else bool(getattr(self, self._normalize_attr))
         weights, ids = _MOE_TOPK(router_logits if self._cast else router_logits.float(), self.top_k, normalize)
         return router_logits, weights, ids
 

@@ -33,26 +33,6 @@ MoeTopkShape check_moe_topk_inputs(const at::Tensor& logits, int64_t k) {
   return MoeTopkShape{t, e, k};
 }
 
-MoeTopkShape check_moe_router_inputs(const at::Tensor& x, const at::Tensor& weight, int64_t k) {
-  constexpr const char* op = "nvfp4_gemm._moe_router";
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, H] (tokens x hidden), got shape ", x.sizes());
-  TORCH_CHECK(weight.dim() == 2, op, ": weight must be 2-D [E, H] (experts x hidden), got shape ", weight.sizes());
-  const auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
-              ": x must be float32, float16 or bfloat16, got ", dt);
-  TORCH_CHECK(weight.scalar_type() == dt, op, ": weight must have x's dtype ", dt, ", got ", weight.scalar_type());
-  TORCH_CHECK(weight.device() == x.device(), op, ": weight must be on x's device ", x.device(), ", got ",
-              weight.device());
-  TORCH_CHECK(weight.size(1) == x.size(1), op, ": weight's H (size(1)) must equal x's ", x.size(1), ", got ",
-              weight.size(1));
-  const int64_t e = weight.size(0);
-  TORCH_CHECK(e >= 1 && e <= kMoeTopkMaxExperts, op, ": weight must have 1 to ", kMoeTopkMaxExperts,
-              " experts (E = weight.size(0)), got ", e);
-  const int64_t k_max = std::min(e, kMoeTopkMaxK);
-  TORCH_CHECK(k >= 1 && k <= k_max, op, ": k must be in [1, min(E, ", kMoeTopkMaxK, ") = ", k_max, "], got ", k);
-  return MoeTopkShape{x.size(0), e, k};
-}
-
 std::tuple<at::Tensor, at::Tensor> empty_moe_topk_outputs(const at::Tensor& logits, const MoeTopkShape& s) {
   return {at::empty({s.t, s.k}, logits.options()), at::empty({s.t, s.k}, logits.options().dtype(at::kLong))};
 }
@@ -132,23 +112,11 @@ std::tuple<at::Tensor, at::Tensor> moe_topk_cpu(const at::Tensor& logits_in, int
   return {weights, ids};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_router_cpu(const at::Tensor& x, const at::Tensor& weight, int64_t k,
-                                                              bool normalize) {
-  check_moe_router_inputs(x, weight, k);
-  at::Tensor logits = at::linear(x, weight);
-  auto [weights, ids] = moe_topk_cpu(logits, k, normalize);
-  return {logits, weights, ids};
-}
-
 }  // namespace
 }  // namespace nvfp4_gemm
 
 TORCH_LIBRARY_FRAGMENT(nvfp4_gemm, m) {
   m.def("_moe_topk(Tensor logits, int k, bool normalize) -> (Tensor weights, Tensor ids)");
-  m.def("_moe_router(Tensor x, Tensor weight, int k, bool normalize) -> (Tensor logits, Tensor weights, Tensor ids)");
 }
 
-TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
-  m.impl("_moe_topk", &nvfp4_gemm::moe_topk_cpu);
-  m.impl("_moe_router", &nvfp4_gemm::moe_router_cpu);
-}
+TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) { m.impl("_moe_topk", &nvfp4_gemm::moe_topk_cpu); }

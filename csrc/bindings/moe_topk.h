@@ -19,14 +19,6 @@
 // A row holding a NaN, +inf, or only -inf logits has NaN for every p (as torch's softmax), so its ids are
 // 0..k-1 and its weights NaN. The CPU takes exp from the C library (expf), CUDA its own expf (what torch's
 // CUDA softmax calls): the two agree to a few float32 ulps, which is the only difference between them.
-//
-//   _moe_router(x [T, H], weight [E, H], k, normalize) -> (logits [T, E], weights [T, k], ids [T, k])
-//
-// The router whole: logits = x @ weight^T in x's dtype, then _moe_topk of them. The logits are float32 sums rounded
-// once: F.linear's on the CPU and where the CUDA fused kernel does not apply; the fused kernel's (sm_90+, T <= 16,
-// E <= 256, float16 / bfloat16) add in its own fixed order, so a logit may differ from F.linear's in the last
-// bit (as F.linear's own differ between batch sizes). The weights and ids are always _moe_topk's of the logits
-// returned.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -47,10 +39,6 @@ struct MoeTopkShape {
 // Checks logits (2-D [T, E], float32 / float16 / bfloat16, 1 <= E <= kMoeTopkMaxExperts) and k
 // (1 <= k <= min(E, kMoeTopkMaxK)); throws c10::Error naming the argument, expected against actual.
 MoeTopkShape check_moe_topk_inputs(const at::Tensor& logits, int64_t k);
-
-// Checks the router's hidden states x (2-D [T, H], float32 / float16 / bfloat16) and weight (2-D [E, H], x's dtype
-// and device) and k as above; the shape of its logits.
-MoeTopkShape check_moe_router_inputs(const at::Tensor& x, const at::Tensor& weight, int64_t k);
 
 // weights [T, k] of logits' dtype, ids [T, k] int64 on logits' device, uninitialized.
 std::tuple<at::Tensor, at::Tensor> empty_moe_topk_outputs(const at::Tensor& logits, const MoeTopkShape& s);

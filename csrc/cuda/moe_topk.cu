@@ -5,8 +5,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cooperative_groups.h>
-
 #include <cstdio>
 
 #include "common/convert_out.cuh"
@@ -34,11 +32,16 @@ __device__ __forceinline__ uint64_t key_of(float p, int id) {
   return (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
 }
 
-// The top-k of one row of e logits (x: global or shared memory) by one warp, lane `lane`; kVpl >= ceil(e / 32)
-// logits per lane (lane l: experts l, l + 32, ...). Writes the row's k weights and ids.
+// One warp per row; kVpl >= ceil(e / 32) logits per lane (lane l: experts l, l + 32, ...).
 template <typename T, int kVpl>
-__device__ __forceinline__ void topk_row(const T* x, int e, int k, bool normalize, T* __restrict__ weights,
-                                         int64_t* __restrict__ ids, int lane) {
+__global__ void __launch_bounds__(kWarps * 32)
+    topk_rows(const T* __restrict__ logits, int64_t t, int e, int k, bool normalize, T* __restrict__ weights,
+              int64_t* __restrict__ ids) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= t) return;  // whole warps
+  const T* x = logits + row * e;
+
   float v[kVpl];
   float m = -INFINITY;
 #pragma unroll
@@ -97,100 +100,9 @@ __device__ __forceinline__ void topk_row(const T* x, int e, int k, bool normaliz
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(kFullMask, total, o);
   if (lane < k) {
-    weights[lane] = convert_out<T>(normalize ? mine / total : mine);
-    ids[lane] = mine_id;
+    weights[row * k + lane] = convert_out<T>(normalize ? mine / total : mine);
+    ids[row * k + lane] = mine_id;
   }
-}
-
-// One warp per row.
-template <typename T, int kVpl>
-__global__ void __launch_bounds__(kWarps * 32)
-    topk_rows(const T* __restrict__ logits, int64_t t, int e, int k, bool normalize, T* __restrict__ weights,
-              int64_t* __restrict__ ids) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= t) return;  // whole warps
-  topk_row<T, kVpl>(logits + row * e, e, k, normalize, weights + row * k, ids + row * k, threadIdx.x & 31);
-}
-
-// The router's logits GEMM and the top-k in one launch: one cluster of kRouterCtas CTAs (moe_topk.h). Warp w of
-// CTA c takes experts c * kRouterWarps + w + i * kRouterCtas * kRouterWarps; for each, lane l multiplies the 16-byte
-// vectors l, l + 32, ... of the expert's weight row with the same vectors of every token's row (8 products added
-// in order into one float32 sum a token), the 32 lane sums meet in a butterfly, and the logit, rounded once to T,
-// goes to C and to CTA 0's shared memory (distributed shared memory). After the cluster barrier CTA 0's warps run
-// the top-k of the rows from there.
-template <typename T, int kVpl>
-__global__ void __launch_bounds__(kRouterThreads)
-    router_topk(const T* __restrict__ x, const T* __restrict__ w, int t, int h, int e, int k, bool normalize,
-                T* __restrict__ logits, T* __restrict__ weights, int64_t* __restrict__ ids) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kRouterChunk = 4;  // 16-byte weight vectors a lane loads at once
-  __shared__ __align__(16) T rows[kRouterMaxTokens * kRouterMaxExperts];  // CTA 0's: every logit of the call
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  T* const rows0 = cluster.map_shared_rank(rows, 0);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int vecs = h / 8;  // 16-byte vectors a row
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  // CTA 0's shared memory may be written only once CTA 0 runs: arrive now, wait before the first write
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  bool started = false;
-  for (int r = rank * kRouterWarps + warp; r < e; r += kRouterCtas * kRouterWarps) {
-    const uint4* wv = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(r) * vecs;
-    float acc[kRouterMaxTokens];
-#pragma unroll
-    for (int i = 0; i < kRouterMaxTokens; ++i) acc[i] = 0.f;
-    // kRouterChunk vectors a lane in flight at once (their loads issued together), taken in order of j
-    for (int j0 = lane; j0 < vecs; j0 += 32 * kRouterChunk) {
-      uint4 wq[kRouterChunk];
-#pragma unroll
-      for (int c = 0; c < kRouterChunk; ++c)
-        wq[c] = j0 + 32 * c < vecs ? __ldg(wv + j0 + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int i = 0; i < kRouterMaxTokens; ++i) {
-        if (i < t) {
-          uint4 xq[kRouterChunk];
-          const uint4* xi = xv + static_cast<int64_t>(i) * vecs;
-#pragma unroll
-          for (int c = 0; c < kRouterChunk; ++c)
-            xq[c] = j0 + 32 * c < vecs ? __ldg(xi + j0 + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-          for (int c = 0; c < kRouterChunk; ++c) {
-            if (j0 + 32 * c < vecs) {
-              const T* wt = reinterpret_cast<const T*>(&wq[c]);
-              const T* xt = reinterpret_cast<const T*>(&xq[c]);
-#pragma unroll
-              for (int q = 0; q < 8; ++q) acc[i] = fmaf(to_float(xt[q]), to_float(wt[q]), acc[i]);
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRouterMaxTokens; ++i) {
-      if (i < t) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(kFullMask, acc[i], o);
-        if (!started) {
-          asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-          started = true;
-        }
-        if (lane == 0) {
-          const T v = convert_out<T>(acc[i]);
-          rows0[i * e + r] = v;
-          logits[static_cast<int64_t>(i) * e + r] = v;
-        }
-      }
-    }
-  }
-  if (!started) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // a warp without experts
-  cluster.sync();  // every logit is in CTA 0's shared memory
-  if (rank == 0) {
-    for (int i = warp; i < t; i += kRouterWarps)
-      topk_row<T, kVpl>(rows + i * e, e, k, normalize, weights + static_cast<int64_t>(i) * k,
-                        ids + static_cast<int64_t>(i) * k, lane);
-  }
-#endif
 }
 
 template <typename T, int kVpl>
@@ -220,58 +132,7 @@ void launch(const void* logits, int64_t t, int64_t e, int64_t k, bool normalize,
   }
 }
 
-template <typename T, int kVpl>
-cudaError_t launch_router_vpl(const void* x, const void* w, int64_t t, int64_t h, int64_t e, int64_t k,
-                              bool normalize, void* logits, void* weights, int64_t* ids, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kRouterCtas);
-  cfg.blockDim = dim3(kRouterThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kRouterCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, router_topk<T, kVpl>, static_cast<const T*>(x), static_cast<const T*>(w),
-                            static_cast<int>(t), static_cast<int>(h), static_cast<int>(e), static_cast<int>(k),
-                            normalize, static_cast<T*>(logits), static_cast<T*>(weights), ids);
-}
-
-template <typename T>
-cudaError_t launch_router(const void* x, const void* w, int64_t t, int64_t h, int64_t e, int64_t k, bool normalize,
-                          void* logits, void* weights, int64_t* ids, cudaStream_t stream) {
-  const int64_t per_lane = ceil_div(e, 32);
-  if (per_lane <= 1) return launch_router_vpl<T, 1>(x, w, t, h, e, k, normalize, logits, weights, ids, stream);
-  if (per_lane <= 2) return launch_router_vpl<T, 2>(x, w, t, h, e, k, normalize, logits, weights, ids, stream);
-  if (per_lane <= 4) return launch_router_vpl<T, 4>(x, w, t, h, e, k, normalize, logits, weights, ids, stream);
-  return launch_router_vpl<T, 8>(x, w, t, h, e, k, normalize, logits, weights, ids, stream);
-}
-
 }  // namespace
-
-bool moe_router_fits(int device_major, int64_t t, int64_t h, int64_t e, const void* x, const void* w) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return device_major >= 9 && t >= 1 && t <= kRouterMaxTokens && e <= kRouterMaxExperts && h % 8 == 0 &&
-         h <= (int64_t{1} << 30) && aligned(x) && aligned(w);
-}
-
-bool moe_router(const void* x, const void* w, OutDtype dtype, int64_t t, int64_t h, int64_t e, int64_t k,
-                bool normalize, void* logits, void* weights, int64_t* ids, cudaStream_t stream, char* err,
-                size_t err_len) {
-  const cudaError_t status =
-      dtype == OutDtype::kFloat16
-          ? launch_router<__half>(x, w, t, h, e, k, normalize, logits, weights, ids, stream)
-          : launch_router<__nv_bfloat16>(x, w, t, h, e, k, normalize, logits, weights, ids, stream);
-  if (status != cudaSuccess) {
-    std::snprintf(err, err_len, "moe_router launch failed (T=%lld, H=%lld, E=%lld, k=%lld): %s",
-                  static_cast<long long>(t), static_cast<long long>(h), static_cast<long long>(e),
-                  static_cast<long long>(k), cudaGetErrorString(status));
-    return false;
-  }
-  return true;
-}
 
 bool moe_topk(const void* logits, OutDtype dtype, int64_t t, int64_t e, int64_t k, bool normalize, void* weights,
               int64_t* ids, cudaStream_t stream, char* err, size_t err_len) {

@@ -9,12 +9,6 @@
 // its own round index, so lanes 0..k-1 hold the k slots: the renormalizing sum is one more butterfly over them,
 // and they write the row's outputs at once. The taken bits are per lane, in a register; nothing goes to shared
 // memory. No host sync: T, E and k are shapes.
-//
-// The router's GEMM ahead of it (nvfp4_gemm::_moe_router, at decode sizes on sm_90+): one launch of one cluster
-// of kRouterCtas CTAs. Each warp computes whole logits (an expert's weight row against every token, 16-byte vectors
-// per lane, the lane sums in a butterfly), writes them to the logits output and, through distributed shared
-// memory, to CTA 0, whose warps run the top-k above after the cluster barrier: no logits round trip through
-// global memory, no second launch, no counter to reset.
 #pragma once
 
 #include <cstddef>
@@ -27,25 +21,6 @@ namespace nvfp4_gemm::generic {
 // Enqueues the top-k of t >= 1 rows of e logits (contiguous [t, e], dtype: float16 / bfloat16 / float32, the
 // weights' dtype too), 1 <= e <= 512, 1 <= k <= min(e, 32): weights [t, k], ids [t, k] int64. Returns false
 // with `err` filled on a launch failure.
-// The fused router's limits: tokens and experts held in CTA 0's shared memory, the cluster's CTAs (the portable
-// cluster size) and their warps.
-inline constexpr int kRouterMaxTokens = 16;
-inline constexpr int kRouterMaxExperts = 256;
-inline constexpr int kRouterCtas = 8;
-inline constexpr int kRouterWarps = 16;
-inline constexpr int kRouterThreads = kRouterWarps * 32;
-
-// Whether moe_router takes this call: a device of compute capability >= 9 (clusters), 1 <= t <= kRouterMaxTokens,
-// e <= kRouterMaxExperts, h a multiple of 8 and x, w 16-byte aligned (rows of 16-byte vectors).
-bool moe_router_fits(int device_major, int64_t t, int64_t h, int64_t e, const void* x, const void* w);
-
-// Enqueues logits = x [t, h] @ w [e, h]^T (float32 sums, rounded once to dtype: float16 / bfloat16), written to
-// logits [t, e], and their top-k as moe_topk (weights [t, k] of dtype, ids [t, k] int64), where moe_router_fits.
-// Returns false with `err` filled on a launch failure.
-bool moe_router(const void* x, const void* w, OutDtype dtype, int64_t t, int64_t h, int64_t e, int64_t k,
-                bool normalize, void* logits, void* weights, int64_t* ids, cudaStream_t stream, char* err,
-                size_t err_len);
-
 bool moe_topk(const void* logits, OutDtype dtype, int64_t t, int64_t e, int64_t k, bool normalize, void* weights,
               int64_t* ids, cudaStream_t stream, char* err, size_t err_len);
 
