@@ -53,7 +53,11 @@
 #   ncu        Nsight Compute over the sm90 GEMM kernel (NCU_KERNEL, a regex) of each shape of NCU_SHAPES
 #              ("M,N,K ...", default 128,7168,2048): speed of light, memory, compute, warp states, scheduler,
 #              launch, occupancy; more NCU_ARGS (e.g. "--clock-control none"); NCU_STALLS=1 adds a pass for
-#              every stall reason per issued instruction. NCU_TIMEOUT (120)
+#              every stall reason per issued instruction, NCU_SOURCE=1 one for the warp stall samples of each SASS
+#              instruction (its CSV and the hottest instructions, diagnostics/ncu_source_top.py). NCU_CMD runs a
+#              diagnostics script instead of the shapes and profiles the first matching kernel it launches, e.g.
+#              NCU_KERNEL=gemm_kernel NCU_CMD="sm90_grouped_bench.py --tokens 1024 --shapes qwen3 --a bf16
+#              --configs 4" (the grouped wgmma form on Qwen3's gate_up). NCU_TIMEOUT (120)
 #   diag       each ';'-separated command of DIAG as `python3 benchmarks/diagnostics/COMMAND`, e.g.
 #              DIAG="silu_mul.py; sm90_profile.py auto 2 4; sm90_grouped_bench.py --tokens 1,16". DIAG_TIMEOUT (150)
 #
@@ -119,11 +123,16 @@ need() {
   echo "$1 is not importable here: carry its wheels in .whl/ (benchmarks/README.md)"; failed+=("$step_name:$1"); return 1
 }
 
-# ncu_run NAME M N K NCU_OPTIONS...: one Nsight Compute pass over the third of three calls of shape M N K.
+# ncu_run NAME M N K NCU_OPTIONS...: one Nsight Compute pass over the third of three calls of shape M N K, or, with
+# NCU_CMD (a script of benchmarks/diagnostics/ and its arguments), over the first matching kernel that command runs.
 ncu_run() {
   local name=$1 m=$2 n=$3 k=$4; shift 4
+  local skip=2 target=(benchmarks/diagnostics/sm90_profile.py --once "$m" "$n" "$k")
+  if [ -n "${NCU_CMD:-}" ]; then
+    read -ra target <<< "$NCU_CMD"; target[0]=benchmarks/diagnostics/${target[0]}; skip=0
+  fi
   run "$name" "${NCU_TIMEOUT:-120}" ncu --kernel-name "regex:${NCU_KERNEL:-gemm_kernel|small_m_kernel|wk_kernel}" \
-    --launch-skip 2 --launch-count 1 "$@" ${NCU_ARGS:-} python3 benchmarks/diagnostics/sm90_profile.py --once "$m" "$n" "$k"
+    --launch-skip "$skip" --launch-count 1 "$@" ${NCU_ARGS:-} python3 "${target[@]}"
 }
 
 for step_name in "$@"; do
@@ -260,7 +269,7 @@ for step_name in "$@"; do
     ncu)
       for shape in ${NCU_SHAPES:-128,7168,2048}; do
         read -r m n k <<< "${shape//,/ }"
-        step "ncu, M = $m, N = $n, K = $k"
+        step "ncu, ${NCU_CMD:-M = $m, N = $n, K = $k}"
         ncu_run "ncu_${m}_${n}_$k" "$m" "$n" "$k" --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
           --section Occupancy
@@ -272,6 +281,15 @@ for step_name in "$@"; do
             --metrics "regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
           grep "stalled" "$OUT/ncu_stalls_${m}_${n}_$k.log" | head -30
         fi
+        if [ "${NCU_SOURCE:-0}" = 1 ]; then
+          step "ncu, warp stall samples per SASS instruction, M = $m, N = $n, K = $k"
+          ncu_run "ncu_source_${m}_${n}_$k" "$m" "$n" "$k" --section SourceCounters --section WarpStateStats \
+            --export "$OUT/ncu_source_${m}_${n}_$k" --force-overwrite
+          ncu --import "$OUT/ncu_source_${m}_${n}_$k.ncu-rep" --page source --csv --print-source sass \
+            > "$OUT/ncu_source_${m}_${n}_$k.csv" 2>&1 || echo "ncu --page source failed (see the .csv)"
+          python3 benchmarks/diagnostics/ncu_source_top.py "$OUT/ncu_source_${m}_${n}_$k.csv" | head -40
+        fi
+        [ -z "${NCU_CMD:-}" ] || break  # NCU_CMD names its own problem: one pass
       done ;;
     diag)
       i=0
