@@ -565,9 +565,9 @@ class _FusedTopKForward:
 
     def forward(self, hidden_states: torch.Tensor):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        if hidden_states.dtype not in _FLOATS or self.weight.dtype not in _FLOATS:
+            return super().forward(hidden_states)  # before the GEMM, so it runs once
         router_logits = nn.functional.linear(hidden_states, self.weight)
-        if router_logits.dtype not in _FLOATS:
-            return super().forward(hidden_states)
         normalize = True if self._normalize_attr is None else bool(getattr(self, self._normalize_attr))
         weights, ids = _MOE_TOPK(router_logits if self._cast else router_logits.float(), self.top_k, normalize)
         return router_logits, weights, ids
