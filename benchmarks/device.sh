@@ -269,25 +269,27 @@ for step_name in "$@"; do
     ncu)
       for shape in ${NCU_SHAPES:-128,7168,2048}; do
         read -r m n k <<< "${shape//,/ }"
-        step "ncu, ${NCU_CMD:-M = $m, N = $n, K = $k}"
-        ncu_run "ncu_${m}_${n}_$k" "$m" "$n" "$k" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        tag=${m}_${n}_$k what="M = $m, N = $n, K = $k"  # the logs' names and the steps' words
+        [ -z "${NCU_CMD:-}" ] || tag=cmd what=$NCU_CMD
+        step "ncu, $what"
+        ncu_run "ncu_$tag" "$m" "$n" "$k" --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats \
           --section Occupancy
         grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|L2 Hit|Mem Busy|Max Bandwidth|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy|Grid Size" \
-          "$OUT/ncu_${m}_${n}_$k.log" | head -40
+          "$OUT/ncu_$tag.log" | head -40
         if [ "${NCU_STALLS:-0}" = 1 ]; then
-          step "ncu, stall reasons per issued instruction, M = $m, N = $n, K = $k"
-          ncu_run "ncu_stalls_${m}_${n}_$k" "$m" "$n" "$k" \
+          step "ncu, stall reasons per issued instruction, $what"
+          ncu_run "ncu_stalls_$tag" "$m" "$n" "$k" \
             --metrics "regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
-          grep "stalled" "$OUT/ncu_stalls_${m}_${n}_$k.log" | head -30
+          grep "stalled" "$OUT/ncu_stalls_$tag.log" | head -30
         fi
         if [ "${NCU_SOURCE:-0}" = 1 ]; then
-          step "ncu, warp stall samples per SASS instruction, M = $m, N = $n, K = $k"
-          ncu_run "ncu_source_${m}_${n}_$k" "$m" "$n" "$k" --section SourceCounters --section WarpStateStats \
-            --export "$OUT/ncu_source_${m}_${n}_$k" --force-overwrite
-          ncu --import "$OUT/ncu_source_${m}_${n}_$k.ncu-rep" --page source --csv --print-source sass \
-            > "$OUT/ncu_source_${m}_${n}_$k.csv" 2>&1 || echo "ncu --page source failed (see the .csv)"
-          python3 benchmarks/diagnostics/ncu_source_top.py "$OUT/ncu_source_${m}_${n}_$k.csv" | head -40
+          step "ncu, warp stall samples per SASS instruction, $what"
+          ncu_run "ncu_source_$tag" "$m" "$n" "$k" --section SourceCounters --section WarpStateStats \
+            --export "$OUT/ncu_source_$tag" --force-overwrite
+          ncu --import "$OUT/ncu_source_$tag.ncu-rep" --page source --csv --print-source sass \
+            > "$OUT/ncu_source_$tag.csv" 2>&1 || echo "ncu --page source failed (see the .csv)"
+          python3 benchmarks/diagnostics/ncu_source_top.py "$OUT/ncu_source_$tag.csv" | head -40
         fi
         [ -z "${NCU_CMD:-}" ] || break  # NCU_CMD names its own problem: one pass
       done ;;

@@ -394,7 +394,6 @@ def test_cuda_raw_probabilities_are_torchs_bit_for_bit():
 
 @requires_cuda
 def test_cuda_one_kernel_no_host_sync():
-
     for t in (1, 16, 2000):
         x = make_logits(t, 128, torch.bfloat16, seed=t).cuda()
         got = cuda_kernels(lambda: OP(x, 8, True))

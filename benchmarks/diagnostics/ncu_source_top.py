@@ -32,7 +32,8 @@ def main(argv=None) -> int:
         return 1
     cols = rows[head]
     src = cols.index("Source")
-    samples = next(i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All"))
+    sampling = [i for i, c in enumerate(cols) if "Sampling" in c]  # "Warp Stall Sampling (All Samples)" first
+    samples = next((i for i in sampling if "(All" in cols[i]), sampling[0])
     addr = cols.index("Address") if "Address" in cols else None
     body = [r for r in rows[head + 1:] if len(r) == len(cols)]
     total = sum(number(r[samples]) for r in body) or 1.0
