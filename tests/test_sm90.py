@@ -168,17 +168,19 @@ def test_one_wave_over_more_tiles(force_splits):
 
 
 def test_epilogue_paths(force_splits):
-    """The wgmma kernel's two output paths, each within docs/CONTRACT.md's bound: a tile staged in shared memory and copied
-    out with 16-byte stores (float32 at 32 and 64 tokens, 16-bit outputs), or stored quad by quad where a staged
-    tile does not fit the stage (float32 at 128 / 256 tokens). Whole tiles (one split forced) on every token tile's
-    config, then split tiles: the balanced split (48 tiles), one wave over 224 tiles, 256 tokens with M and N
-    ragged."""
+    """The wgmma kernel's output path, within docs/CONTRACT.md's bound: every tile staged in shared memory, in rounds
+    of token rows where a float32 tile does not fit the stage (72 of 128, 136 of 256 rows), copied out with 16-byte
+    stores (mm takes N % 8 == 0, so C rows stay 16-byte aligned; the element-by-element copy is for a grouped out=
+    view that is not). Whole tiles (one split forced) on every token tile's config, then split tiles: the balanced
+    split (48 tiles), one wave over 224 tiles, 256 tokens with M and N ragged."""
     t = {n: next(c for c in _configs() if f"xt{n}xk" in c and "_b1_" in c) for n in (32, 64, 128, 256)}
     whole = [(32, 1024, 1024, "float32", t[32]), (64, 1024, 1024, "bfloat16", t[64]),
              (64, 1024, 1024, "float32", t[64]), (128, 1024, 2048, "float16", t[128]),
-             (128, 1024, 2048, "float32", t[128]), (200, 1032, 2080, "float16", t[256])]
+             (128, 1024, 2048, "float32", t[128]), (200, 1032, 2080, "float16", t[256]),
+             (256, 1032, 1024, "float32", t[256]), (128, 1040, 2048, "float32", t[128])]
     split = [(128, 6144, 4096, "float16", None), (128, 28672, 1024, "bfloat16", None),
-             (200, 1032, 2080, "float16", None), (200, 1032, 2080, "float32", None)]
+             (200, 1032, 2080, "float16", None), (200, 1032, 2080, "float32", None),
+             (200, 1048, 2080, "float32", None)]
     for splits, cases in ((1, whole), (0, split)):
         force_splits(splits)
         for i, (m, n, k, dt, cfg) in enumerate(cases):

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 // cudaStream_t exactly as the CUDA runtime declares it, so that CPU-only builds need no CUDA headers.
 struct CUstream_st;
@@ -27,6 +28,11 @@ inline constexpr int64_t kSfAtomBytes = kSfAtomRows * kSfAtomCols;
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// A backend's error or refusal text into the caller's buffer (either may be absent: buf nullptr or len 0).
+inline void set_msg(char* buf, size_t len, const char* msg) {
+  if (buf && len) std::snprintf(buf, len, "%s", msg);
+}
 
 // Byte offset of logical scale (r, s) in the blocked layout of a matrix with `sf_cols` = K/16 columns
 // (docs/CONTRACT.md: 128x4 atoms, row-block major; inside an atom (r%32)*16 + ((r%128)/32)*4 + s%4).

@@ -242,10 +242,6 @@ void write_trace(const GemmParams& gp, const char* config, cudaStream_t stream) 
 }
 #endif  // NVFP4_GEMM_DIAGNOSTICS
 
-void set_msg(char* buf, size_t len, const char* msg) {
-  if (buf && len) std::snprintf(buf, len, "%s", msg);
-}
-
 // Zeroes the small-M kernel's split counters. Launched as a programmatic dependent of the kernel ahead of
 // it (sm90_small_m.cuh, PDL note): it waits for that kernel (whose workspace may be these very bytes), then
 // lets the GEMM launch, which waits for this grid only right before it counts its first arrival.

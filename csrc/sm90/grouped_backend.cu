@@ -92,10 +92,6 @@ constexpr int64_t kWgmma64FromRowsPerGroup = 40;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
 constexpr int64_t kWgmma128FromRowsPerGroup = 512;
 
-void set_msg(char* buf, size_t len, const char* msg) {
-  if (buf && len) std::snprintf(buf, len, "%s", msg);
-}
-
 // A failed runtime call's error, also taken out of the thread's last-error slot.
 cudaError_t consumed(cudaError_t e) {
   if (e != cudaSuccess) cudaGetLastError();

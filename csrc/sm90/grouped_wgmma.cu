@@ -36,10 +36,6 @@ constexpr GwgConfig kGwg[] = {NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPE
 #undef NVFP4_SM90_GROUPED_WGMMA_ENTRY
 static_assert(sizeof(kGwg) / sizeof(kGwg[0]) == kNumGroupedWgmma, "grouped.h counts the wgmma configs");
 
-void set_msg(char* buf, size_t len, const char* msg) {
-  if (buf && len) std::snprintf(buf, len, "%s", msg);
-}
-
 // A in the kernel's K order (order_a16_kernel, decode_a_grouped_kernel): T rows of K 16-bit values (K % 256 == 0,
 // the table's rule).
 int64_t a_order_bytes(const GroupedProblem& p) { return round_up(p.t * p.k * 2, 256); }

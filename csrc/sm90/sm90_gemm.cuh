@@ -107,7 +107,7 @@ struct GemmParams {
   uint64_t hint_a, hint_b;  // L2 cache policies of the TMA loads (decoded A is re-read by every CTA)
   float out_mult;         // what the epilogue multiplies back: 2^7, the power of two B's decode leaves
   OutDtype out_dtype;
-  int staged_c;           // 1: c and ldc allow 16-byte stores, so a whole tile may be staged in shared memory first
+  int staged_c;           // 1: c and ldc allow 16-byte stores: the staged tile is copied out 16 bytes a store
   uint64_t* trace;        // diagnostics builds: nullptr, or kTraceSlots timestamps per CTA after kTraceHeader
   // The grouped form (gemm_kernel<..., GROUPED = true>, grouped_backend.cu): rows [offs[g-1], offs[g]) of A_dec
   // (all T rows, m = T) times group g of B, alpha[g] per group. tmap_b is 3-D [g][n][k/2] then, tmap_sf's rows
@@ -238,8 +238,9 @@ __device__ __forceinline__ void stage_quad(uint8_t* tile, int n0, int m0, float4
   r1[n0 + 8] = convert_out<T>(v.w * scale);
 }
 
-// Copies the staged tile to C rows m_base.. (below m_end) and columns n_base.. with 16-byte stores (the consumers'
-// threads, t of `consumers`), element by element where a 16-byte chunk crosses C's edge.
+// Copies `rows` staged rows to C rows m_base.. (below m_end) and columns n_base.. (the consumers' threads, t of
+// `consumers`): 16-byte stores where C allows them (GemmParams::staged_c), element by element where it does not or
+// where a 16-byte chunk crosses C's edge.
 template <typename T>
 __device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t* tile, int rows, int m_base, int n_base,
                                              int m_end, int t, int consumers) {
@@ -252,7 +253,7 @@ __device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t*
     if (gm >= m_end || gn >= p.n) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(tile + m * kRow + k * 16);
     T* dst = reinterpret_cast<T*>(p.c) + static_cast<int64_t>(gm) * p.ldc + gn;
-    if (gn + kPer <= p.n) {
+    if (p.staged_c && gn + kPer <= p.n) {
       *reinterpret_cast<uint4*>(dst) = v;
     } else {
       const T* src = reinterpret_cast<const T*>(&v);
@@ -655,29 +656,32 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       m_base = tile / p.tiles_w * TOKENS;
       m_end = p.m;
     }
-    // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread)): staged in the segment's
-    // last stage and copied out with 16-byte stores where C allows it (GemmParams::staged_c) and the tile fits the
-    // stage, else stored quad by quad.
+    // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread), token rows 8x .. 8x + 7):
+    // staged in the segment's last stage kRound token rows at a time (the whole tile where it fits: always in fp16
+    // and bf16, up to 80 tokens in float32; rounds of 72 of 128 and 136 of 256 float32 rows), each round copied out
+    // by rows (store_staged). One store path for every tile, output type and C alignment: the bounds-checked quad
+    // stores it replaces, unrolled per quad and output type, were most of the kernel's instructions.
     // `synced`: both warpgroups have passed a consumer barrier since their last wgmma (the split paths have), so
     // the stage may be written without another one.
     auto output_as = [&](auto tag, bool synced, auto&& quads) {
       using T = decltype(tag);
+      constexpr int kFit = kStage / staged_row_bytes<T>() / 8 * 8;
+      constexpr int kRound = TOKENS < kFit ? TOKENS : kFit;
+      static_assert(kRound >= 8, "a stage holds at least 8 staged token rows");
       uint8_t* const staged = smem + s_last * kStage;
-      const bool stage = TOKENS * staged_row_bytes<T>() <= kStage && p.staged_c;
       // Both warpgroups' last wgmma have read the stage before either writes into it.
-      if (stage && !synced) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
-      quads([&](int x, float4 v) {
-        if (stage)
-          stage_quad<T>(staged, row0, 8 * x + 2 * q, v, scale);
-        else
-          store_quad_as<T>(p, n_base + row0, m_base + 8 * x + 2 * q, v, scale, m_end);
-      });
-      if (stage) {
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the whole tile is staged
-        store_staged<T>(p, staged, TOKENS, m_base, n_base, m_end, t, 256);
+      if (!synced) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+#pragma unroll
+      for (int r0 = 0; r0 < TOKENS; r0 += kRound) {
+        quads([&](int x, float4 v) {
+          const int m = 8 * x + 2 * q - r0;  // the quad's first row in this round
+          if (kRound == TOKENS || (m >= 0 && m < kRound)) stage_quad<T>(staged, row0, m, v, scale);
+        });
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the round is staged
+        store_staged<T>(p, staged, TOKENS - r0 < kRound ? TOKENS - r0 : kRound, m_base + r0, n_base, m_end, t, 256);
         // The producer's TMA will write this stage next (async proxy) after these generic-proxy writes and reads.
         cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the stage is released
+        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the next round or the release
       }
     };
     auto output = [&](bool synced, auto&& quads) {
