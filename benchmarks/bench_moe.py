@@ -250,7 +250,7 @@ def layers_needed(hit_bytes: int, l2: int, cap: int) -> int:
 
 
 def run_point(model: str, spec, t: int, routing: str, layers: list[Layer], variants: list[str], timer: Timer,
-              l2: int, copy_tbps: float, seed: int) -> dict:
+              l2: int, copy_tbps: float, seed: int, profile: bool = False) -> dict:
     e, topk, h, i = spec
     device = timer.device
     ids = route(t, e, topk, routing, seed)
@@ -292,6 +292,15 @@ def run_point(model: str, spec, t: int, routing: str, layers: list[Layer], varia
                 del y13, y2
                 rec["us"] = timer.graph_us(calls)
                 rec["eager_us"] = timer.eager_us(calls)
+                if profile and device.type == "cuda":  # one layer's kernels, each with the idle time before it
+                    from bench_generate import replay_timeline
+                    tl = replay_timeline(calls[0])
+                    rec["timeline"] = tl
+                    print(f"  {model} T={t} {v}: one layer eager, {tl['kernels']} kernels, busy {tl['busy_ms'] * 1e3:.1f}"
+                          f" us, idle {tl['gap_ms'] * 1e3:.1f} us:")
+                    for k in tl["top"][:12]:
+                        print(f"      {k['count']:3d} x {k['us'] / k['count']:7.2f} us (idle {k['gap_us']:6.1f})  "
+                              f"{k['name'][:90]}")
         except Unavailable as ex:
             rec = {"unavailable": str(ex)}
         except Exception as ex:  # one variant's failure must not lose the others' figures
@@ -393,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                     "benchmarks/out)")
     ap.add_argument("--quick", action="store_true", help="tokens 1,64,1024, uniform routing, 10 replays (~2 min)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, wall clock, no graphs: checks the logic")
+    ap.add_argument("--profile", action="store_true", help="also one eager layer of each variant under torch.profiler: "
+                    "time per kernel and the idle time before each (where a variant's time goes)")
     args = ap.parse_args(argv)
 
     variants = parse_choices(args.variants, VARIANTS, "--variants", empty_ok=False)
@@ -446,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in tokens:
             for routing in routings:
                 rows.append(run_point(model, spec, t, routing, layers, variants, timer, l2, ceilings["copy_tbps"],
-                                      seed=7919 * t + (routing == "skewed")))
+                                      seed=7919 * t + (routing == "skewed"), profile=args.profile))
         del layers
         free_memory(device)
 

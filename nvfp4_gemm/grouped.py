@@ -140,8 +140,8 @@ def quantize_grouped(
     scale from the finite amax of its own rows (global_encode_scale). The bits are those of
     `nvfp4_gemm.quantize(x[rows of g], encode_g)` for every group (the same recipe, csrc/quant/recipe.h), placed
     as `to_blocked_grouped` places them. Group g's GEMM alpha is alpha_a[g] * weight_scale_2[g]. One native call,
-    no host sync: on CUDA a routing prologue, the per-group amax (dynamic only) and one pass that writes the packed
-    rows and every byte of sfa. Offsets follow grouped_mm's CUDA rules (clamped, a decrease is an empty group);
+    no host sync: on CUDA one pass, CTAs per group, that writes the packed rows and every byte of sfa (after a
+    per-group amax pass when dynamic). Offsets follow grouped_mm's CUDA rules (clamped, a decrease is an empty group);
     rows whose scales would lie past sfa_rows are not quantized (their GEMM rows then come out NaN on CUDA).
     """
     if x.dim() != 2:

@@ -333,8 +333,11 @@ def _x(t, k, dtype, seed):
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["static", "dynamic", "static_scalar"])
-def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode):
-    t, k, g = 90, 96, 5
+@pytest.mark.parametrize("t,k,g", [(90, 96, 5), (700, 1040, 4)])
+def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g):
+    """Bits equal per-group quantize placed by to_blocked_grouped, every byte of sfa included (the CUDA caching
+    allocator hands the outputs memory poisoned with 0xFF first). K = 96 / 1040: a last atom column of 2 / 1 scale
+    columns; (700, 1040, 4): several CTAs share each group on CUDA."""
     gen = torch.Generator().manual_seed(11)
     counts = routing_counts(t, g, "skewed", gen)
     counts[1] = 0  # an empty group too
@@ -349,8 +352,14 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode):
         scale = torch.tensor([0.0123], dtype=torch.float32)
     else:
         scale = None
-    packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x.to(device), offs.to(device),
-                                                       None if scale is None else scale.to(device))
+    x_dev, offs_dev = x.to(device), offs.to(device)
+    scale_dev = None if scale is None else scale.to(device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        poison = torch.full((4 * (t * k + grouped_sfa_rows(t, g) * round_up(k // 16, 4)),), 0xFF, dtype=torch.uint8,
+                            device=device)
+        del poison
+    packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x_dev, offs_dev, scale_dev)
     assert packed.shape == (t, k // 2) and packed.dtype == torch.uint8
     assert sfa.dtype == torch.float8_e4m3fn and sfa.numel() == grouped_sfa_rows(t, g) * round_up(k // 16, 4)
     assert alpha_a.shape == (g,) and alpha_a.dtype == torch.float32

@@ -1,8 +1,11 @@
-// Grouped NVFP4 quantization for any SM >= 8.0. The routing comes from the generic grouped GEMM's prologue
-// (csrc/cuda/grouped.h); one thread per slot of the grouped blocked scale layout (a padded row and a 16-element
-// block), so every byte of sfa is written in the same pass (zero padding included) and a warp reads a contiguous
-// stretch of one token row, as the dense kernel (quantize.cu) does. Dynamic scales take one more pass: a block per
-// token row reduces its finite amax and folds it into its group's with an atomic max on the float's bits.
+// Grouped NVFP4 quantization for any SM >= 8.0: one launch that writes the packed rows and every byte of sfa
+// (two with dynamic scales: the per-group amax first). Each group is worked by `parts` CTAs of its own
+// (blockIdx.x = group * parts + part), so no routing prologue, no memset and no search per element: a CTA reads its
+// group's rows and padded start straight from offs (the grouped GEMM's routing rules, csrc/cuda/grouped.cu: offsets
+// clamped to [0, rows], a decrease read as an empty group). A thread owns one 16-byte chunk of a 128x4 scale atom
+// (4 padded rows x 4 scale columns, blocked_sf_offset): it quantizes the 4 x 4 blocks of 16 elements behind it,
+// stores their codes, and stores the chunk, zero where no scale lands, in one 16-byte store. What lies past the
+// routing's padded rows up to sfa_rows is zeroed by every CTA together.
 #include "quant/quantize_grouped.h"
 
 #include <cuda_fp16.h>
@@ -10,7 +13,6 @@
 
 #include <cstdio>
 
-#include "cuda/grouped.h"
 #include "quant/elem.cuh"
 #include "quant/recipe.h"
 
@@ -18,26 +20,57 @@ namespace nvfp4_gemm::quant {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kAmaxThreads = 128;
+constexpr int kMaxParts = 16;               // CTAs per group, at most
+constexpr int64_t kElemsPerCta = 32768;     // elements a CTA takes on average, where that asks for fewer than kMaxParts
 
-__device__ __forceinline__ InputScales group_scales(const float* input_scale, const uint32_t* amax, int64_t grp) {
-  return input_scale != nullptr ? static_input_scales(input_scale[grp], 1.0f)
-                                : dynamic_input_scales(__uint_as_float(amax[grp]), 1.0f);
+// Group j's first row and row count under the routing rules.
+struct Rows {
+  int64_t start, count;
+};
+__device__ __forceinline__ Rows group_rows(const int32_t* offs, int64_t t, int64_t j) {
+  const auto clamp = [t](int64_t v) { return v < 0 ? int64_t{0} : v > t ? t : v; };
+  const int64_t lo = j == 0 ? 0 : clamp(offs[j - 1]);
+  const int64_t hi = clamp(offs[j]);
+  return Rows{lo, hi > lo ? hi - lo : 0};
 }
 
-// One block per token row: the finite amax of |x| (as fp32 bits; 0 when nothing is finite) into its group's slot.
+// Block-wide: the padded rows of the groups before j, and of all g groups (sum of round_up(m_i, 128)).
+__device__ void padded_starts(const int32_t* offs, int64_t t, int64_t g, int64_t j, int64_t& before, int64_t& total) {
+  __shared__ long long part[2][kThreads / 32];
+  long long b = 0, a = 0;
+  for (int64_t i = threadIdx.x; i < g; i += kThreads) {
+    const long long pad = round_up(group_rows(offs, t, i).count, kSfAtomRows);
+    a += pad;
+    if (i < j) b += pad;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    b += __shfl_xor_sync(0xFFFFFFFFu, b, off);
+    a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
+  }
+  if (threadIdx.x % 32 == 0) part[0][threadIdx.x / 32] = b, part[1][threadIdx.x / 32] = a;
+  __syncthreads();
+  b = a = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) b += part[0][w], a += part[1][w];
+  before = b, total = a;
+}
+
+// Dynamic scales, pass 1: CTA (j, p) of `parts` writes the finite amax of its share of group j's elements (fp32 bits;
+// 0 where nothing is finite) to amax[j * parts + p]: every slot written, so the workspace needs no clearing.
 template <InDtype D>
-__global__ void __launch_bounds__(kAmaxThreads) group_amax_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
-                                                                  int64_t rows, int64_t k,
-                                                                  const int32_t* __restrict__ offs, int64_t g,
-                                                                  uint32_t* __restrict__ amax) {
+__global__ void __launch_bounds__(kThreads) group_amax_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
+                                                              int64_t t, int64_t k, const int32_t* __restrict__ offs,
+                                                              int parts, uint32_t* __restrict__ amax) {
   constexpr int kPerChunk = 16 / Elem<D>::kBytes;  // elements per 16-byte load
-  const int64_t r = blockIdx.x;
-  const uint4* row = reinterpret_cast<const uint4*>(x + r * ld_x_bytes);
-  const int64_t chunks = k / kPerChunk;
+  const int64_t j = blockIdx.x / parts;
+  const int p = static_cast<int>(blockIdx.x % parts);
+  const Rows r = group_rows(offs, t, j);
+  const int64_t per_row = k / kPerChunk, chunks = r.count * per_row;
   uint32_t m = 0;
-  for (int64_t c = threadIdx.x; c < chunks; c += kAmaxThreads) {
-    const uint4 v = __ldg(row + c);
+  for (int64_t c = static_cast<int64_t>(p) * kThreads + threadIdx.x; c < chunks; c += static_cast<int64_t>(parts) * kThreads) {
+    const int64_t row = r.start + c / per_row;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + row * ld_x_bytes) + c % per_row);
 #pragma unroll
     for (int i = 0; i < kPerChunk; ++i) {
       const uint32_t bits = Elem<D>::bits(&v, i) & 0x7FFFFFFFu;
@@ -46,54 +79,23 @@ __global__ void __launch_bounds__(kAmaxThreads) group_amax_kernel(const uint8_t*
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  __shared__ uint32_t warp_max[kAmaxThreads / 32];
+  __shared__ uint32_t warp_max[kThreads / 32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x != 0) return;
 #pragma unroll
-  for (int w = 1; w < kAmaxThreads / 32; ++w) m = max(m, warp_max[w]);
-  // The row's group: the first whose (clamped) end lies past it.
-  int64_t lo = 0, hi = g - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    int64_t end = offs[mid];
-    end = end < 0 ? 0 : end > rows ? rows : end;
-    if (end > r) hi = mid; else lo = mid + 1;
-  }
-  if (m != 0) atomicMax(amax + lo, m);
+  for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  amax[blockIdx.x] = m;
 }
 
+// One 16-element block at src quantized with encode scale gs (recipe.h): its scale byte and codes (element 2i in
+// the low nibble of byte i), the bits of nvfp4_gemm::quantize.
 template <InDtype D>
-__global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
-    const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t k, int64_t g, generic::GroupedRouting rt,
-    const float* __restrict__ input_scale, const uint32_t* __restrict__ amax, int64_t sfa_rows,
-    uint8_t* __restrict__ packed, uint8_t* __restrict__ sf, float* __restrict__ decode) {
-  constexpr int kLoads = kSfVecSize * Elem<D>::kBytes / 16;  // 16-byte loads per block
-  const int64_t sf_cols = k / kSfVecSize;
-  const int64_t padded_cols = round_up(sf_cols, kSfAtomCols);
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (item < g) decode[item] = group_scales(input_scale, amax, item).decode;
-  if (item >= sfa_rows * padded_cols) return;
-  const int64_t prow = item / padded_cols, s = item % padded_cols;
-  // The group whose padded rows hold prow: the last with pad_start <= prow (an empty group shares its
-  // successor's start).
-  int64_t lo = 0, hi = g - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (rt.pad_start[mid] <= prow) lo = mid; else hi = mid - 1;
-  }
-  const int64_t r = prow - rt.pad_start[lo];
-  const int64_t offset = blocked_sf_offset(prow, s, sf_cols);
-  if (s >= sf_cols || r >= rt.row_count[lo]) {  // padding of the layout, or past the routing's last group
-    sf[offset] = 0;
-    return;
-  }
-  const int64_t row = rt.row_start[lo] + r;
-  const float gs = group_scales(input_scale, amax, lo).encode;
+__device__ __forceinline__ uint8_t quantize_block(const uint8_t* src, float gs, uint2& codes) {
+  constexpr int kLoads = kSfVecSize * Elem<D>::kBytes / 16;
   uint4 raw[kLoads];
-  const uint4* src = reinterpret_cast<const uint4*>(x + row * ld_x_bytes + s * (kLoads * 16));
 #pragma unroll
-  for (int l = 0; l < kLoads; ++l) raw[l] = __ldg(src + l);
+  for (int l = 0; l < kLoads; ++l) raw[l] = __ldg(reinterpret_cast<const uint4*>(src) + l);
   uint32_t abs_bits[kSfVecSize];
   uint32_t amax_bits = 0;  // |x| bits compared as integers: NaN bits exceed inf's, so a NaN wins
 #pragma unroll
@@ -102,41 +104,101 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
     amax_bits = max(amax_bits, abs_bits[i]);
   }
   const uint8_t s8 = block_scale(bits_float(amax_bits), gs);
-  sf[offset] = s8;
   const float inv = value_multiplier(s8, gs);
-  uint32_t words[2] = {0, 0};  // element 2i in the low nibble of byte i
+  uint32_t words[2] = {0, 0};
 #pragma unroll
   for (int i = 0; i < kSfVecSize; ++i) words[i / 8] |= e2m1_code(abs_bits[i], Elem<D>::sign(raw, i), inv) << (4 * (i % 8));
-  *reinterpret_cast<uint2*>(packed + row * (k / 2) + s * (kSfVecSize / 2)) = make_uint2(words[0], words[1]);
+  codes = make_uint2(words[0], words[1]);
+  return s8;
+}
+
+// Pass 2: CTA (j, p) of `parts` quantizes its share of group j's scale chunks (a thread per 16-byte chunk of a
+// 128x4 atom: rows q, q + 32, q + 64, q + 96 of the atom x its 4 columns), CTA (j, 0) writes decode[j], and every
+// CTA zeroes its share of the bytes past the routing's padded rows.
+template <InDtype D>
+__global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
+    const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t t, int64_t k, const int32_t* __restrict__ offs,
+    int64_t g, int parts, const float* __restrict__ input_scale, const uint32_t* __restrict__ amax, int64_t sfa_rows,
+    uint8_t* __restrict__ packed, uint8_t* __restrict__ sf, float* __restrict__ decode) {
+  const int64_t j = blockIdx.x / parts;
+  const int p = static_cast<int>(blockIdx.x % parts);
+  const Rows r = group_rows(offs, t, j);
+  int64_t pad_start, pad_total;
+  padded_starts(offs, t, g, j, pad_start, pad_total);
+  InputScales sc;
+  if (input_scale != nullptr) {
+    sc = static_input_scales(input_scale[j], 1.0f);
+  } else {
+    uint32_t m = 0;
+    for (int i = 0; i < parts; ++i) m = max(m, amax[j * parts + i]);
+    sc = dynamic_input_scales(__uint_as_float(m), 1.0f);
+  }
+  if (p == 0 && threadIdx.x == 0) decode[j] = sc.decode;
+
+  const int64_t sf_cols = k / kSfVecSize;
+  const int64_t atom_cols = ceil_div(sf_cols, kSfAtomCols);
+  const int64_t stride = static_cast<int64_t>(parts) * kThreads;
+  // The group's padded rows that fit the capacity: whole atoms, as pad_start and sfa_rows are multiples of 128.
+  const int64_t fit = sfa_rows - pad_start;
+  const int64_t atom_rows = fit <= 0 ? 0 : min(round_up(r.count, kSfAtomRows), fit) / kSfAtomRows;
+  const int64_t chunks = atom_rows * atom_cols * 32;
+  for (int64_t c = static_cast<int64_t>(p) * kThreads + threadIdx.x; c < chunks; c += stride) {
+    const int64_t q = c % 32, atom = c / 32;  // consecutive threads: consecutive rows of one atom
+    const int64_t ar = atom / atom_cols, ac = atom % atom_cols;
+    uint32_t w[4] = {0, 0, 0, 0};  // word i: row q + 32 i of the atom, its 4 columns' scale bytes
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t rr = ar * kSfAtomRows + q + 32 * i;
+      if (rr >= r.count) continue;
+      const int64_t row = r.start + rr;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int64_t col = ac * kSfAtomCols + s;
+        if (col >= sf_cols) continue;
+        uint2 codes;
+        const uint8_t s8 = quantize_block<D>(x + row * ld_x_bytes + col * kSfVecSize * Elem<D>::kBytes, sc.encode, codes);
+        *reinterpret_cast<uint2*>(packed + row * (k / 2) + col * (kSfVecSize / 2)) = codes;
+        w[i] |= static_cast<uint32_t>(s8) << (8 * s);
+      }
+    }
+    const int64_t offset = ((pad_start / kSfAtomRows + ar) * atom_cols + ac) * kSfAtomBytes + q * 16;
+    *reinterpret_cast<uint4*>(sf + offset) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  // Past the routing's padded rows (when the capacity exceeds them): zero, 16 bytes a store over the whole grid.
+  const int64_t used = pad_total < sfa_rows ? pad_total : sfa_rows;
+  const int64_t tail = (sfa_rows - used) * atom_cols * kSfAtomCols / 16;  // whole 512-byte atoms: 16-byte stores
+  uint4* const tail_sf = reinterpret_cast<uint4*>(sf + used * atom_cols * kSfAtomCols);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < tail;
+       u += static_cast<int64_t>(gridDim.x) * kThreads)
+    tail_sf[u] = make_uint4(0, 0, 0, 0);
+}
+
+// CTAs per group: enough that a group holding its average share of the elements gives each about kElemsPerCta,
+// at most kMaxParts.
+int parts_for(int64_t rows, int64_t k, int64_t g) {
+  const int64_t want = ceil_div(rows * k, g * kElemsPerCta);
+  return static_cast<int>(want < 1 ? 1 : want > kMaxParts ? kMaxParts : want);
 }
 
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs, int64_t g,
             const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed, uint8_t* sf, float* decode,
             cudaStream_t stream, char* err, size_t err_len) {
-  if (!generic::grouped_routing(offs, g, rows, workspace, stream, err, err_len)) return false;
-  uint32_t* amax = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + generic::grouped_workspace_bytes(g));
+  const int parts = parts_for(rows, k, g);
+  const auto blocks = static_cast<unsigned>(g * parts);
+  uint32_t* amax = static_cast<uint32_t*>(workspace);
   const auto* src = static_cast<const uint8_t*>(x);
   const int64_t ld_bytes = ld_x * Elem<D>::kBytes;
   if (input_scale == nullptr) {
-    cudaError_t e = cudaMemsetAsync(amax, 0, static_cast<size_t>(g) * sizeof(uint32_t), stream);
-    if (e == cudaSuccess && rows > 0) {
-      group_amax_kernel<D><<<static_cast<unsigned>(rows), kAmaxThreads, 0, stream>>>(src, ld_bytes, rows, k, offs, g,
-                                                                                     amax);
-      e = cudaGetLastError();
-    }
-    if (e != cudaSuccess) {
+    group_amax_kernel<D><<<blocks, kThreads, 0, stream>>>(src, ld_bytes, rows, k, offs, parts, amax);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
       std::snprintf(err, err_len, "quantize_grouped amax launch failed: %s", cudaGetErrorString(e));
       return false;
     }
   }
-  const int64_t slots = sfa_rows * round_up(k / kSfVecSize, kSfAtomCols);
-  const int64_t blocks = ceil_div(slots > g ? slots : g, kThreads);
-  quantize_grouped_kernel<D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      src, ld_bytes, k, g, generic::grouped_routing_view(workspace, g), input_scale, amax, sfa_rows, packed, sf,
-      decode);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
+  quantize_grouped_kernel<D><<<blocks, kThreads, 0, stream>>>(src, ld_bytes, rows, k, offs, g, parts, input_scale,
+                                                              amax, sfa_rows, packed, sf, decode);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
     std::snprintf(err, err_len, "quantize_grouped kernel launch failed: %s (was the generic module compiled for this "
                   "GPU? rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)", cudaGetErrorString(e));
     return false;
@@ -146,17 +208,16 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t*
 
 }  // namespace
 
-size_t quantize_grouped_workspace_bytes(int64_t g) {
-  return generic::grouped_workspace_bytes(g) + static_cast<size_t>(round_up(g * 4, 16));
+size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g) {
+  return static_cast<size_t>(round_up(g * parts_for(rows, k, g) * 4, 16));
 }
 
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
                            int64_t g, const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed,
                            uint8_t* sf, float* decode, cudaStream_t stream, char* err, size_t err_len) {
-  const int64_t slots = sfa_rows * round_up(k / kSfVecSize, kSfAtomCols);
-  if (ceil_div(slots > g ? slots : g, kThreads) > 0x7FFFFFFF || rows > 0x7FFFFFFF) {
-    std::snprintf(err, err_len, "quantize_grouped: rows=%lld k=%lld sfa_rows=%lld past the grid limit",
-                  static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(sfa_rows));
+  if (g < 1 || g * parts_for(rows, k, g) > 0x7FFFFFFF || rows > 0x7FFFFFFF) {
+    std::snprintf(err, err_len, "quantize_grouped: rows=%lld k=%lld groups=%lld past the grid limit",
+                  static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(g));
     return false;
   }
   switch (dtype) {

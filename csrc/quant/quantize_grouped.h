@@ -12,8 +12,8 @@
 
 namespace nvfp4_gemm::quant {
 
-// Device workspace of quantize_grouped_cuda for g groups (bytes).
-size_t quantize_grouped_workspace_bytes(int64_t g);
+// Device workspace of quantize_grouped_cuda for `rows` rows of k elements in g groups (bytes).
+size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g);
 
 // x [rows, k] in `dtype` (16-byte aligned, rows ld_x elements apart, ld_x * element size a multiple of 16;
 // k % 16 == 0), offs int32 [g] (device; clamped to [0, rows], a decrease read as an empty group) ->
@@ -22,9 +22,8 @@ size_t quantize_grouped_workspace_bytes(int64_t g);
 //       own from padded row sum_{i<j} round_up(m_i, 128); every byte written (zero where no scale lands),
 //   decode [g]: each group's DECODE scale.
 // input_scale [g] (device): each group's static DECODE input scale (encode = recipe.h static_encode_scale); nullptr:
-// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). Three launches (routing,
-// then the dynamic amax, then the quantization) on `stream`, no host sync. Returns false with `err` filled on a
-// launch failure.
+// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). One launch on `stream` (two
+// with dynamic scales: the per-group amax first), no host sync. Returns false with `err` filled on a launch failure.
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
                            int64_t g, const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed,
                            uint8_t* sf, float* decode, cudaStream_t stream, char* err, size_t err_len);

@@ -152,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   const quant::InDtype dt = x.scalar_type() == at::kFloat  ? quant::InDtype::kFloat32
                             : x.scalar_type() == at::kHalf ? quant::InDtype::kFloat16
                                                            : quant::InDtype::kBFloat16;
-  at::Tensor ws = at::empty({static_cast<int64_t>(quant::quantize_grouped_workspace_bytes(g))},
+  at::Tensor ws = at::empty({static_cast<int64_t>(quant::quantize_grouped_workspace_bytes(t, k, g))},
                             x_in.options().dtype(at::kByte));
   char err[kErrLen] = {0};
   TORCH_CHECK(quant::quantize_grouped_cuda(x.data_ptr(), dt, t, k, t > 1 ? x.stride(0) : k, offs.data_ptr<int32_t>(), g,
