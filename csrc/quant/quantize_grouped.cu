@@ -2,9 +2,9 @@
 // (two with dynamic scales: the per-group amax first). Each group is worked by `parts` CTAs of its own
 // (blockIdx.x = group * parts + part), so no routing prologue, no memset and no search per element: a CTA reads its
 // group's rows and padded start straight from offs (the grouped GEMM's routing rules, csrc/cuda/grouped.cu: offsets
-// clamped to [0, rows], a decrease read as an empty group). A thread owns one 16-byte chunk of a 128x4 scale atom
-// (4 padded rows x 4 scale columns, blocked_sf_offset): it quantizes the 4 x 4 blocks of 16 elements behind it,
-// stores their codes, and stores the chunk, zero where no scale lands, in one 16-byte store. What lies past the
+// clamped to [0, rows], a decrease read as an empty group). A thread quantizes the 4 blocks of 16 elements behind
+// one 4-byte word of a 128x4 scale atom (a row's 4 scale columns, blocked_sf_offset) and stores the word; the
+// padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk is padding. What lies past the
 // routing's padded rows up to sfa_rows is zeroed by every CTA together.
 #include "quant/quantize_grouped.h"
 
@@ -20,8 +20,7 @@ namespace nvfp4_gemm::quant {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxParts = 16;               // CTAs per group, at most
-constexpr int64_t kElemsPerCta = 32768;     // elements a CTA takes on average, where that asks for fewer than kMaxParts
+constexpr int kMaxParts = 32;  // CTAs per group, at most
 
 // Group j's first row and row count under the routing rules.
 struct Rows {
@@ -112,8 +111,7 @@ __device__ __forceinline__ uint8_t quantize_block(const uint8_t* src, float gs, 
   return s8;
 }
 
-// Pass 2: CTA (j, p) of `parts` quantizes its share of group j's scale chunks (a thread per 16-byte chunk of a
-// 128x4 atom: rows q, q + 32, q + 64, q + 96 of the atom x its 4 columns), CTA (j, 0) writes decode[j], and every
+// Pass 2: CTA (j, p) of `parts` takes its share of group j's items (below), CTA (j, 0) writes decode[j], and every
 // CTA zeroes its share of the bytes past the routing's padded rows.
 template <InDtype D>
 __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
@@ -137,20 +135,21 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
 
   const int64_t sf_cols = k / kSfVecSize;
   const int64_t atom_cols = ceil_div(sf_cols, kSfAtomCols);
-  const int64_t stride = static_cast<int64_t>(parts) * kThreads;
-  // The group's padded rows that fit the capacity: whole atoms, as pad_start and sfa_rows are multiples of 128.
+  // The group's padded rows that fit the capacity: whole atoms, as pad_start and sfa_rows are multiples of 128;
+  // rows past it are not quantized.
   const int64_t fit = sfa_rows - pad_start;
   const int64_t atom_rows = fit <= 0 ? 0 : min(round_up(r.count, kSfAtomRows), fit) / kSfAtomRows;
-  const int64_t chunks = atom_rows * atom_cols * 32;
-  for (int64_t c = static_cast<int64_t>(p) * kThreads + threadIdx.x; c < chunks; c += stride) {
-    const int64_t q = c % 32, atom = c / 32;  // consecutive threads: consecutive rows of one atom
-    const int64_t ar = atom / atom_cols, ac = atom % atom_cols;
-    uint32_t w[4] = {0, 0, 0, 0};  // word i: row q + 32 i of the atom, its 4 columns' scale bytes
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t rr = ar * kSfAtomRows + q + 32 * i;
-      if (rr >= r.count) continue;
-      const int64_t row = r.start + rr;
+  const int64_t real = min(r.count, atom_rows * kSfAtomRows);
+  // Two kinds of items, writing disjoint bytes: (row, atom column) of a real row, its 4 blocks quantized and their
+  // scale bytes stored as one word (consecutive threads: consecutive columns of a row); then each 16-byte chunk of
+  // the group's atoms (rows q, q + 32, q + 64, q + 96 of an atom), its padding rows' words zeroed.
+  const int64_t n_real = real * atom_cols, n_items = n_real + atom_rows * atom_cols * 32;
+  uint8_t* const sf_group = sf + pad_start * atom_cols * kSfAtomCols;
+  for (int64_t it = static_cast<int64_t>(p) * kThreads + threadIdx.x; it < n_items;
+       it += static_cast<int64_t>(parts) * kThreads) {
+    if (it < n_real) {
+      const int64_t rr = it / atom_cols, ac = it % atom_cols, row = r.start + rr;
+      uint32_t w = 0;
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int64_t col = ac * kSfAtomCols + s;
@@ -158,11 +157,21 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
         uint2 codes;
         const uint8_t s8 = quantize_block<D>(x + row * ld_x_bytes + col * kSfVecSize * Elem<D>::kBytes, sc.encode, codes);
         *reinterpret_cast<uint2*>(packed + row * (k / 2) + col * (kSfVecSize / 2)) = codes;
-        w[i] |= static_cast<uint32_t>(s8) << (8 * s);
+        w |= static_cast<uint32_t>(s8) << (8 * s);
+      }
+      *reinterpret_cast<uint32_t*>(sf_group + blocked_sf_offset(rr, ac * kSfAtomCols, sf_cols)) = w;
+    } else {
+      const int64_t c = it - n_real, q = c % 32, atom = c / 32;
+      const int64_t r0 = atom / atom_cols * kSfAtomRows + q;  // the chunk's rows: r0 + 32 i
+      uint8_t* const chunk = sf_group + atom * kSfAtomBytes + q * 16;
+      if (r0 >= real) {
+        *reinterpret_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
+      } else {
+#pragma unroll
+        for (int i = 1; i < 4; ++i)
+          if (r0 + 32 * i >= real) *reinterpret_cast<uint32_t*>(chunk + 4 * i) = 0;
       }
     }
-    const int64_t offset = ((pad_start / kSfAtomRows + ar) * atom_cols + ac) * kSfAtomBytes + q * 16;
-    *reinterpret_cast<uint4*>(sf + offset) = make_uint4(w[0], w[1], w[2], w[3]);
   }
   // Past the routing's padded rows (when the capacity exceeds them): zero, 16 bytes a store over the whole grid.
   const int64_t used = pad_total < sfa_rows ? pad_total : sfa_rows;
@@ -173,10 +182,14 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
     tail_sf[u] = make_uint4(0, 0, 0, 0);
 }
 
-// CTAs per group: enough that a group holding its average share of the elements gives each about kElemsPerCta,
-// at most kMaxParts.
+// CTAs per group, from the work of a group holding rows / min(rows, g) rows (each non-empty group's share when
+// the rows spread over as many groups as they can): its real (row, atom column) items, 4 blocks quantized each
+// (weighted 8), and its atoms' 16-byte chunks (weighted 1), about 8 units a thread; at most kMaxParts.
 int parts_for(int64_t rows, int64_t k, int64_t g) {
-  const int64_t want = ceil_div(rows * k, g * kElemsPerCta);
+  const int64_t share = rows <= 0 ? 1 : ceil_div(rows, rows < g ? rows : g);
+  const int64_t atom_cols = ceil_div(k / kSfVecSize, kSfAtomCols);
+  const int64_t units = share * atom_cols * 8 + ceil_div(share, kSfAtomRows) * atom_cols * 32;
+  const int64_t want = ceil_div(units, int64_t{kThreads} * 8);
   return static_cast<int>(want < 1 ? 1 : want > kMaxParts ? kMaxParts : want);
 }
 
