@@ -16,6 +16,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler_params.h"
 
+#include "common/cutlass_launcher.cuh"
 #include "sm120/kernel_ops.h"
 #include "sm120/operands.h"
 
@@ -85,63 +86,9 @@ struct Kernel {
   }
 };
 
-// check / workspace / run for one kernel; the generated TUs hand these to KernelOps.
-template <class K>
-struct Launcher {
-  using Gemm = typename K::Gemm;
-
-  static bool check(const Problem& p, const DeviceInfo& dev, char* why, size_t why_len) {
-    auto args = K::make_arguments(p, p.alpha, dev.num_sms);
-    cutlass::Status s = Gemm::can_implement(args);
-    if (s != cutlass::Status::kSuccess) {
-      std::snprintf(why, why_len,
-                    "CUTLASS can_implement refused M=%lld N=%lld K=%lld (lda=%lld ldb=%lld bytes, ldc=%lld): %s; "
-                    "this kernel needs K %% 32 == 0 (16-byte rows of e2m1) and N %% %d == 0 (16-byte rows of the "
-                    "output)",
-                    (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
-                    (long long)p.ldc, cutlassGetStatusString(s), K::AlignmentD);
-      return false;
-    }
-    return true;
-  }
-
-  static size_t workspace(const Problem& p, const DeviceInfo& dev) {
-    return Gemm::get_workspace_size(K::make_arguments(p, p.alpha, dev.num_sms));
-  }
-
-  static bool run(const Problem& p, const DeviceInfo& dev, const float* alpha, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream, char* err, size_t err_len) {
-    auto args = K::make_arguments(p, alpha, dev.num_sms);
-    cutlass::Status s = Gemm::can_implement(args);
-    if (s != cutlass::Status::kSuccess) {
-      check(p, dev, err, err_len);
-      return false;
-    }
-    const size_t need = Gemm::get_workspace_size(args);
-    if (workspace_bytes < need) {
-      std::snprintf(err, err_len, "workspace of %zu bytes given, the kernel needs %zu", workspace_bytes, need);
-      return false;
-    }
-    Gemm gemm;
-    s = gemm.initialize(args, workspace, stream);
-    const bool initialized = s == cutlass::Status::kSuccess;
-    if (initialized) s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) {
-      // CUTLASS reads (and so clears) the CUDA error of a failed attribute set or launch itself; what is
-      // left here is only an error it did not see. Read once, so nothing is left for the next call.
-      const cudaError_t e = cudaGetLastError();
-      std::snprintf(err, err_len, "CUTLASS %s failed: %s; CUDA error: %s (grid from %d SMs, workspace %zu bytes)",
-                    initialized ? "launch" : "initialize", cutlassGetStatusString(s),
-                    e != cudaSuccess ? cudaGetErrorString(e) : "none left (CUTLASS consumed it)", dev.num_sms, need);
-      return false;
-    }
-    return true;
-  }
-};
-
 template <class K>
 constexpr KernelOps ops_of() {
-  return KernelOps{&Launcher<K>::check, &Launcher<K>::workspace, &Launcher<K>::run};
+  return KernelOps{&CutlassLauncher<K>::check, &CutlassLauncher<K>::workspace, &CutlassLauncher<K>::run};
 }
 
 }  // namespace nvfp4_gemm::sm120

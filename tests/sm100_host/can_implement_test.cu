@@ -2,7 +2,7 @@
 // table sends to it, and a refusal comes back through the BackendApi as a message naming the kernel.
 //
 // This links the real api.cpp and select.cpp and instantiates, for every config in generated/table.inc,
-// the same Launcher<Kernel<...>>::check / ::workspace the generated TUs export -- but no run(), so no
+// the same CutlassLauncher<Kernel<...>>::check / ::workspace the generated TUs export -- but no run(), so no
 // device code is compiled and nothing needs a GPU.
 #include <array>
 #include <cstdio>
@@ -22,7 +22,7 @@ const float* device_one(int) { return nullptr; }  // api.cpp's run() path, never
 
 template <class K>
 constexpr KernelOps host_ops() {
-  return KernelOps{&Launcher<K>::check, &Launcher<K>::workspace, nullptr};
+  return KernelOps{&CutlassLauncher<K>::check, &CutlassLauncher<K>::workspace, nullptr};
 }
 
 #define NVFP4_SM100_CONFIG(name, m_max, tm, tn, cm, cn, two_sm, stream_k, swap_ab)                      \
