@@ -2,7 +2,8 @@
 
 Host programs are compiled with the toolkit's nvcc against the same CUTLASS headers and flags as the
 _C_sm100 module (build_manifest.py), and cached under build/sm100_host/<hash of inputs>/ so that a rerun
-with unchanged sources costs nothing.
+with unchanged sources costs nothing. The SM120 checks (sm120_host/tools.py) build theirs through the same
+functions (build_arch_host_program).
 """
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST_DIR = os.path.join(ROOT, "tests", "sm100_host")
-SM100_DIR = os.path.join(ROOT, "csrc", "sm100")
-CACHE = os.path.join(ROOT, "build", "sm100_host")
 
 # The SASS tools are not part of a pip CUDA toolkit's nvcc; their wheels put them here.
 TOOL_WHEELS = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
@@ -92,24 +91,25 @@ def cutlass_or_skip() -> None:
         pytest.skip(str(e))
 
 
-def nvcc_flags(device: bool) -> list[str]:
-    """The module's own nvcc flags (build_manifest.py); `device` adds its sm_100f target."""
+def arch_nvcc_flags(arch: str, device: bool) -> list[str]:
+    """The _C_<arch> module's own nvcc flags (build_manifest.py); `device` adds its target (sm_100f, sm_120f)."""
     bm = _manifest()
     flags = [f for f in bm.COMMON_NVCC_FLAGS if not f.startswith(("-U", "-O"))]
     flags += [f"-I{os.path.join(ROOT, d)}" for d in bm.INCLUDE_DIRS] + [f"-I{d}" for d in cutlass_includes()]
     if device:
-        mod = next(m for m in bm.MODULES if m.name == "_C_sm100")
+        mod = next(m for m in bm.MODULES if m.name == f"_C_{arch}")
         flags += bm.gencode(mod.arch_family)
     return flags
 
 
-def _inputs_hash(files: list[str], flags: list[str]) -> str:
+def _inputs_hash(arch: str, files: list[str], flags: list[str]) -> str:
     h = hashlib.sha256(" ".join(flags).encode())
-    deps = files + sorted(glob.glob(os.path.join(SM100_DIR, "*.h")) + glob.glob(os.path.join(SM100_DIR, "*.cuh")))
-    deps += sorted(glob.glob(os.path.join(SM100_DIR, "generated", "*.inc")))
+    arch_dir = os.path.join(ROOT, "csrc", arch)
+    deps = files + sorted(glob.glob(os.path.join(arch_dir, "*.h")) + glob.glob(os.path.join(arch_dir, "*.cuh")))
+    deps += sorted(glob.glob(os.path.join(arch_dir, "generated", "*.inc")))
     common = os.path.join(ROOT, "csrc", "common")
     deps += sorted(glob.glob(os.path.join(common, "*.h")) + glob.glob(os.path.join(common, "*.cuh")))
-    deps += sorted(glob.glob(os.path.join(ROOT, "tests", "sm100_host", "*.h")))  # headers the host programs share
+    deps += sorted(glob.glob(os.path.join(HOST_DIR, "*.h")))  # headers the host programs of both archs share
     for f in deps:
         h.update(f.encode())
         with open(f, "rb") as fh:
@@ -117,14 +117,16 @@ def _inputs_hash(files: list[str], flags: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def build_host_program(name: str, cu: str, cpp: tuple[str, ...] = (), device_flags: bool = False) -> str:
-    """Compile tests/sm100_host/<cu> (+ host-compiler .cpp files from csrc/) into a cached executable."""
+def build_arch_host_program(arch: str, name: str, cu: str, cpp: tuple[str, ...] = (),
+                            device_flags: bool = False) -> str:
+    """Compile tests/<arch>_host/<cu> (+ host-compiler .cpp files from csrc/) with the _C_<arch> module's flags
+    into an executable cached under build/<arch>_host/<name>-<hash of the inputs>/."""
     nvcc = find_nvcc()
     assert nvcc, "nvcc not found"
-    flags = nvcc_flags(device_flags)
-    src = os.path.join(HOST_DIR, cu)
+    flags = arch_nvcc_flags(arch, device_flags)
+    src = os.path.join(ROOT, "tests", f"{arch}_host", cu)
     cpp_paths = [os.path.join(ROOT, c) for c in cpp]
-    out_dir = os.path.join(CACHE, f"{name}-{_inputs_hash([src, *cpp_paths], flags)}")
+    out_dir = os.path.join(ROOT, "build", f"{arch}_host", f"{name}-{_inputs_hash(arch, [src, *cpp_paths], flags)}")
     exe = os.path.join(out_dir, name)
     if os.path.isfile(exe):
         return exe
@@ -138,6 +140,11 @@ def build_host_program(name: str, cu: str, cpp: tuple[str, ...] = (), device_fla
     _run([nvcc, *flags, "-O1", "-o", exe + ".tmp", src, *objs])
     os.replace(exe + ".tmp", exe)
     return exe
+
+
+def build_host_program(name: str, cu: str, cpp: tuple[str, ...] = (), device_flags: bool = False) -> str:
+    """Compile tests/sm100_host/<cu> (+ host-compiler .cpp files from csrc/) into a cached executable."""
+    return build_arch_host_program("sm100", name, cu, cpp, device_flags)
 
 
 def _run(cmd: list[str]) -> None:
