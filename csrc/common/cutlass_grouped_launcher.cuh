@@ -12,6 +12,7 @@
 #include "common/cutlass_grouped.h"
 #include "common/cutlass_grouped_builder.cuh"
 #include "common/cutlass_grouped_ops.h"
+#include "common/cutlass_launcher.cuh"
 
 namespace nvfp4_gemm::grouped {
 
@@ -102,21 +103,9 @@ struct GroupedLauncher {
                     cudaGetErrorString(e));
       return false;
     }
-    typename K::Gemm gemm;
-    s = gemm.initialize(args, workspace, stream);
-    const bool initialized = s == cutlass::Status::kSuccess;
-    if (initialized) s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) {
-      // CUTLASS reads (and so clears) the CUDA error of a failed attribute set or launch itself; what is left
-      // here is only an error it did not see. Read once, so nothing is left for the next call.
-      const cudaError_t e = cudaGetLastError();
-      std::snprintf(err, err_len, "CUTLASS %s failed: %s; CUDA error: %s (grid from %d SMs, G=%lld)",
-                    initialized ? "launch" : "initialize", cutlassGetStatusString(s),
-                    e != cudaSuccess ? cudaGetErrorString(e) : "none left (CUTLASS consumed it)", dev.num_sms,
-                    (long long)p.g);
-      return false;
-    }
-    return true;
+    char context[64];
+    std::snprintf(context, sizeof(context), "grid from %d SMs, G=%lld", dev.num_sms, (long long)p.g);
+    return initialize_and_run<Gemm>(args, workspace, stream, context, err, err_len);
   }
 };
 

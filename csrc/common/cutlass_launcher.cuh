@@ -12,6 +12,26 @@
 
 namespace nvfp4_gemm {
 
+// Initializes and runs a CUTLASS device-level GEMM (GemmUniversalAdapter) on `stream`; a failure becomes
+// "CUTLASS <initialize | launch> failed: <status>; CUDA error: <error> (<context>)" in err. Shared by the dense
+// launcher below and the grouped one (cutlass_grouped_launcher.cuh).
+template <class Gemm>
+bool initialize_and_run(const typename Gemm::Arguments& args, void* workspace, cudaStream_t stream,
+                        const char* context, char* err, size_t err_len) {
+  Gemm gemm;
+  cutlass::Status s = gemm.initialize(args, workspace, stream);
+  const bool initialized = s == cutlass::Status::kSuccess;
+  if (initialized) s = gemm.run(stream);
+  if (s == cutlass::Status::kSuccess) return true;
+  // CUTLASS reads (and so clears) the CUDA error of a failed attribute set or launch itself; what is left here
+  // is only an error it did not see. Read once, so nothing is left for the next call.
+  const cudaError_t e = cudaGetLastError();
+  std::snprintf(err, err_len, "CUTLASS %s failed: %s; CUDA error: %s (%s)", initialized ? "launch" : "initialize",
+                cutlassGetStatusString(s), e != cudaSuccess ? cudaGetErrorString(e) : "none left (CUTLASS consumed it)",
+                context);
+  return false;
+}
+
 // check / workspace / run for one kernel K (K::Gemm a CUTLASS GemmUniversalAdapter, K::make_arguments(p, alpha,
 // sm_count) its arguments, K::AlignmentD the output alignment in elements); the generated TUs hand these to
 // KernelOps.
@@ -51,20 +71,9 @@ struct CutlassLauncher {
       std::snprintf(err, err_len, "workspace of %zu bytes given, the kernel needs %zu", workspace_bytes, need);
       return false;
     }
-    Gemm gemm;
-    s = gemm.initialize(args, workspace, stream);
-    const bool initialized = s == cutlass::Status::kSuccess;
-    if (initialized) s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) {
-      // CUTLASS reads (and so clears) the CUDA error of a failed attribute set or launch itself; what is
-      // left here is only an error it did not see. Read once, so nothing is left for the next call.
-      const cudaError_t e = cudaGetLastError();
-      std::snprintf(err, err_len, "CUTLASS %s failed: %s; CUDA error: %s (grid from %d SMs, workspace %zu bytes)",
-                    initialized ? "launch" : "initialize", cutlassGetStatusString(s),
-                    e != cudaSuccess ? cudaGetErrorString(e) : "none left (CUTLASS consumed it)", dev.num_sms, need);
-      return false;
-    }
-    return true;
+    char context[64];
+    std::snprintf(context, sizeof(context), "grid from %d SMs, workspace %zu bytes", dev.num_sms, need);
+    return initialize_and_run<Gemm>(args, workspace, stream, context, err, err_len);
   }
 };
 
