@@ -343,8 +343,9 @@ def moe_route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor
     S = T * k. The pairs sorted by expert id, stably (ascending p within an expert: torch.sort(ids, stable=True)'s
     order); offs[e] = the rows of experts 0..e (grouped_mm's offs), row_token[r] = the token of sorted row r,
     inverse[p] = the sorted row of pair p. An id outside [0, E) (transformers' expert-parallel sentinel E) is in
-    no expert: those pairs take the rows after offs[E-1], in pair order (for the id E alone, torch.sort's order
-    too), and row_token / inverse cover them."""
+    no expert: those pairs take the last rows, in pair order (for the id E alone, torch.sort's order too), and
+    offs[E-1] = S counts them into the last expert's group, so every row belongs to a group (grouped_mm's rule);
+    row_token / inverse cover them, and the caller drops their results."""
     return _MOE_ROUTE(top_k_index, num_experts)
 
 
@@ -404,8 +405,8 @@ def moe_topk(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tenso
 class _Routing:
     """The (token, expert) pairs sorted by expert (stable: token order within an expert), the token of each
     sorted row, the sorted row of each pair and the per-expert row ends (offs) the grouped GEMM reads on the
-    device: one _moe_route call (moe_route). The ids must lie in [0, E) (every row in a group: grouped_mm's
-    rule; the CPU backend raises otherwise)."""
+    device: one _moe_route call (moe_route). Pairs whose id lies outside [0, E) (transformers' expert-parallel
+    sentinel) sit in the last expert's group, computed and then dropped by the combine (`valid`)."""
 
     def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
         self.k = top_k_index.shape[-1]
@@ -419,6 +420,7 @@ class _Routing:
         """The expert id of each sorted row (top_k_index's dtype, [S]), formed on each access (one scatter)
         for the paths that need it: gate and up with their own alphas, calibration."""
         ids = self._ids.reshape(-1)
+        ids = torch.where((ids >= 0) & (ids < self.num_experts), ids, self.num_experts - 1)  # their group's
         return torch.empty_like(ids).scatter_(0, self.inverse, ids)
 
 
@@ -532,7 +534,10 @@ def experts_forward(mod: NVFP4Experts, hidden_states: torch.Tensor, top_k_index:
     # back to (token, slot) order by a gather (one pass, no zero fill; inductor fuses it with what follows),
     # the top-k weight in fp32, the k slots of a token summed in fp32 (deterministic: no atomics), one rounding
     y = down[routing.inverse].to(torch.float32).view(t, routing.k, h) * top_k_weights.to(torch.float32).unsqueeze(-1)
-    y = y.sum(dim=1)
+    # a pair whose id is outside [0, E) (the expert-parallel sentinel) was computed in the last expert's group:
+    # dropped here, as transformers' experts skip it (inductor fuses this into the gather)
+    valid = (top_k_index >= 0) & (top_k_index < mod.num_experts)
+    y = torch.where(valid.unsqueeze(-1), y, 0.0).sum(dim=1)
     return y if mod.__dict__.get("_ep_float32_output", False) else y.to(dtype)
 
 

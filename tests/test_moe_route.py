@@ -2,7 +2,8 @@
 
   * the CPU op equals the torch reference (torch.sort(stable) of the ids, perm // k, bincount + cumsum, the
     inverse by scatter) over random / skewed / one-expert / sentinel routings, int64 and int32 ids;
-  * ids outside [0, E): after every expert's rows, in pair order (torch.sort's order for the sentinel E);
+  * ids outside [0, E): after every expert's rows, in pair order (torch.sort's order for the sentinel E), inside
+    the last expert's group (offs[E-1] = S: every row in a group); the MoE forward drops their results;
   * argument errors name the argument; opcheck; torch.compile traces it (fake kernel);
   * the MoE forward and the calibration observer give the same bits as the torch routing they replace;
   * CUDA (skipped without a device): the CUDA op equals the CPU op, in both of its forms (one launch, three
@@ -25,12 +26,14 @@ KINDS = ("random", "skewed", "one_expert", "sentinel", "out_of_range")
 
 
 def reference_route(idx: torch.Tensor, e: int):
-    """The routing moe._Routing built with torch ops before the op, ids outside [0, E) read as E."""
+    """The routing moe._Routing built with torch ops before the op, ids outside [0, E) read as E, their rows
+    counted into the last expert's group."""
     k = idx.shape[1]
     ids = idx.reshape(-1).to(torch.int64)
     key = torch.where((ids >= 0) & (ids < e), ids, torch.full_like(ids, e))
     _, perm = torch.sort(key, stable=True)
     offs = torch.cumsum(torch.bincount(key, minlength=e + 1)[:e], 0).to(torch.int32)
+    offs[-1] = ids.numel()
     row_token = perm // k if k else perm
     inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel()))
     return offs, row_token, inverse
@@ -86,7 +89,7 @@ def test_the_order_is_torch_sort_stable_with_the_sentinel_last():
     assert torch.equal(row_token, perm // k)
     assert torch.equal(inverse[perm], torch.arange(ids.numel()))
     assert torch.equal(torch.empty_like(ids).scatter_(0, inverse, ids), expert)
-    assert offs[-1] == int((ids < e).sum()) < ids.numel()  # the sentinel pairs are in no group
+    assert offs[-2] <= int((ids < e - 1).sum()) and offs[-1] == ids.numel()  # the sentinel pairs close the last group
     # within an expert, ascending pair index
     for x in range(e + 1):
         rows = inverse[ids == x]
@@ -205,17 +208,30 @@ def test_calibration_observer_unchanged(moe_tests, monkeypatch):
     assert len(set(scales[0][0][:, 0].tolist())) > 1
 
 
-def test_forward_refuses_ids_outside_the_experts_on_the_cpu(moe_tests):
-    """As with the torch routing (scatter_add_ raised): every row must belong to an expert (grouped_mm's rule);
-    the sentinel id of expert parallelism is not skipped by NVFP4Experts (it does not declare
-    expert_parallel_sentinel, so ExpertParallel sends it local expert 0 at weight 0 instead)."""
-    q, _ = moe_tests._random_experts("weight_only", own_parts=False)
-    assert not getattr(q, "expert_parallel_sentinel", False)
-    idx, w = moe_tests._routing(5, "random", seed=1)
-    idx[2, 1] = moe_tests.E
-    with pytest.raises((RuntimeError, IndexError)):
-        with torch.no_grad():
-            q(torch.randn(5, moe_tests.H), idx, w)
+def _sentinel_case(moe_tests, mode, device):
+    """An experts module, tokens, and routings with and without ids outside [0, E): the sentinel E, -1 and E + 3
+    on some pairs, against the same pairs sent to a valid expert at weight 0."""
+    q, _ = moe_tests._random_experts(mode, own_parts=False)
+    t = 11
+    x = torch.randn(t, moe_tests.H, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    idx, w = moe_tests._routing(t, "random", seed=6)
+    bad = idx.clone()
+    for (r, c), v in zip(((1, 0), (4, 1), (7, 0), (8, 1)), (moe_tests.E, -1, moe_tests.E + 3, moe_tests.E)):
+        bad[r, c] = v
+    zero_w = torch.where(bad == idx, w, torch.zeros_like(w))
+    return q.to(device), x.to(device), bad.to(device), idx.to(device), w.to(device), zero_w.to(device)
+
+
+@pytest.mark.parametrize("mode", ["weight_only", "static"])
+def test_forward_skips_ids_outside_the_experts(moe_tests, mode):
+    """transformers' expert-parallel sentinel (and any id outside [0, E)) contributes nothing, as its experts skip
+    it: the output equals the one where those pairs go to a valid expert at weight 0, bit for bit (per-row
+    numerics: weight-only and static scales), and nothing is NaN though those rows were never routed."""
+    q, x, bad, idx, w, zero_w = _sentinel_case(moe_tests, mode, "cpu")
+    with torch.no_grad():
+        got, want = q(x, bad, w), q(x, idx, zero_w)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -276,3 +292,18 @@ def test_cuda_graph_replays_new_routing(t):
         graph.replay()
         torch.cuda.synchronize()
         check_route(new, e, out)
+
+
+@requires_cuda
+@pytest.mark.parametrize("mode", ["weight_only", "static"])
+def test_cuda_forward_skips_ids_outside_the_experts(moe_tests, mode):
+    """On CUDA (where offs is never read by the host) the pairs outside [0, E) are computed in the last expert's
+    group and dropped: finite, and the CPU's result to the output's rounding (the GPU sums in another order)."""
+    q, x, bad, idx, w, zero_w = _sentinel_case(moe_tests, mode, "cpu")
+    with torch.no_grad():
+        want = q(x, idx, zero_w).float()
+        qc = q.to("cuda")
+        got = qc(x.cuda(), bad.cuda(), w.cuda()).float().cpu()
+    assert torch.isfinite(got).all()
+    scale = want.abs().amax(-1, keepdim=True)
+    assert ((got - want).abs() <= 4 * torch.finfo(torch.bfloat16).eps * scale).all(), (got - want).abs().max()

@@ -48,6 +48,7 @@ void route(const Id* ids, const MoeRouteShape& s, int32_t* offs, int64_t* row_to
   for (int64_t p = 0; p < s.s; ++p) ++start[key(p) + 1];
   for (int64_t x = 0; x <= s.e; ++x) start[x + 1] += start[x];
   for (int64_t x = 0; x < s.e; ++x) offs[x] = static_cast<int32_t>(start[x + 1]);
+  offs[s.e - 1] = static_cast<int32_t>(start[s.e + 1]);  // ids outside [0, E) close the last group (dropped later)
   for (int64_t p = 0; p < s.s; ++p) {
     const int64_t row = start[key(p)]++;
     inverse[p] = row;

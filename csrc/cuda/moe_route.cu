@@ -112,7 +112,9 @@ __device__ int cta_exclusive_sum(int v, int* warp_sums) {
 }
 
 // The whole CTA: hist [chunks][e + 1] counts -> each chunk's first row within each key (exclusive over the
-// chunks); key_start [e + 1] = each key's first row (exclusive over the keys); offs[x] = rows of keys <= x.
+// chunks); key_start [e + 1] = each key's first row (exclusive over the keys); offs[x] = rows of keys <= x for
+// x < e - 1, and offs[e - 1] = every row: the pairs of the key after the experts (ids outside [0, e)) close the
+// last expert's group, so every row belongs to a group (grouped_mm's rule); the caller drops their results.
 // Ends with a __syncthreads.
 __device__ void scan_counts(int* hist, int64_t chunks, int e, int* key_start, int32_t* __restrict__ offs,
                             int* warp_sums) {
@@ -138,7 +140,8 @@ __device__ void scan_counts(int* hist, int64_t chunks, int e, int* key_start, in
     const int n = key_start[x];
     key_start[x] = before;
     before += n;
-    if (x < e) offs[x] = before;
+    if (x < e - 1) offs[x] = before;
+    else if (x == e) offs[e - 1] = before;  // the key after the experts is the last: before = every row
   }
   __syncthreads();
 }

@@ -2,9 +2,9 @@
 // (two with dynamic scales: the per-group amax first). Each group is worked by `parts` CTAs of its own
 // (blockIdx.x = group * parts + part), so no routing prologue, no memset and no search per element: a CTA reads its
 // group's rows and padded start straight from offs (the grouped GEMM's routing rules, csrc/cuda/grouped.cu: offsets
-// clamped to [0, rows], a decrease read as an empty group). A thread quantizes the 4 blocks of 16 elements behind
-// one 4-byte word of a 128x4 scale atom (a row's 4 scale columns, blocked_sf_offset) and stores the word; the
-// padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk is padding. What lies past the
+// clamped to [0, rows], a decrease read as an empty group). A thread quantizes one block of 16 elements and stores
+// its scale byte where blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a
+// store where a whole chunk is padding. What lies past the
 // routing's padded rows up to sfa_rows is zeroed by every CTA together.
 #include "quant/quantize_grouped.h"
 
@@ -140,26 +140,24 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
   const int64_t fit = sfa_rows - pad_start;
   const int64_t atom_rows = fit <= 0 ? 0 : min(round_up(r.count, kSfAtomRows), fit) / kSfAtomRows;
   const int64_t real = min(r.count, atom_rows * kSfAtomRows);
-  // Two kinds of items, writing disjoint bytes: (row, atom column) of a real row, its 4 blocks quantized and their
-  // scale bytes stored as one word (consecutive threads: consecutive columns of a row); then each 16-byte chunk of
-  // the group's atoms (rows q, q + 32, q + 64, q + 96 of an atom), its padding rows' words zeroed.
-  const int64_t n_real = real * atom_cols, n_items = n_real + atom_rows * atom_cols * 32;
-  uint8_t* const sf_group = sf + pad_start * atom_cols * kSfAtomCols;
+  // Two kinds of items, writing disjoint bytes: (row, scale column) of a real row, padded columns included, its
+  // block quantized (zero past sf_cols) and the scale byte stored (consecutive threads: consecutive blocks of a
+  // row, one block each so that every lane works at a few rows a group); then each 16-byte chunk of the group's
+  // atoms (rows q, q + 32, q + 64, q + 96 of an atom), its padding rows' words zeroed.
+  const int64_t padded_cols = atom_cols * kSfAtomCols;
+  const int64_t n_real = real * padded_cols, n_items = n_real + atom_rows * atom_cols * 32;
+  uint8_t* const sf_group = sf + pad_start * padded_cols;
   for (int64_t it = static_cast<int64_t>(p) * kThreads + threadIdx.x; it < n_items;
        it += static_cast<int64_t>(parts) * kThreads) {
     if (it < n_real) {
-      const int64_t rr = it / atom_cols, ac = it % atom_cols, row = r.start + rr;
-      uint32_t w = 0;
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int64_t col = ac * kSfAtomCols + s;
-        if (col >= sf_cols) continue;
+      const int64_t rr = it / padded_cols, col = it % padded_cols, row = r.start + rr;
+      uint8_t s8 = 0;
+      if (col < sf_cols) {
         uint2 codes;
-        const uint8_t s8 = quantize_block<D>(x + row * ld_x_bytes + col * kSfVecSize * Elem<D>::kBytes, sc.encode, codes);
+        s8 = quantize_block<D>(x + row * ld_x_bytes + col * kSfVecSize * Elem<D>::kBytes, sc.encode, codes);
         *reinterpret_cast<uint2*>(packed + row * (k / 2) + col * (kSfVecSize / 2)) = codes;
-        w |= static_cast<uint32_t>(s8) << (8 * s);
       }
-      *reinterpret_cast<uint32_t*>(sf_group + blocked_sf_offset(rr, ac * kSfAtomCols, sf_cols)) = w;
+      sf_group[blocked_sf_offset(rr, col, sf_cols)] = s8;
     } else {
       const int64_t c = it - n_real, q = c % 32, atom = c / 32;
       const int64_t r0 = atom / atom_cols * kSfAtomRows + q;  // the chunk's rows: r0 + 32 i
@@ -183,12 +181,12 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
 }
 
 // CTAs per group, from the work of a group holding rows / min(rows, g) rows (each non-empty group's share when
-// the rows spread over as many groups as they can): its real (row, atom column) items, 4 blocks quantized each
-// (weighted 8), and its atoms' 16-byte chunks (weighted 1), about 8 units a thread; at most kMaxParts.
+// the rows spread over as many groups as they can): its real (row, scale column) items, one block quantized each
+// (weighted 2), and its atoms' 16-byte chunks (weighted 1), about 8 units a thread; at most kMaxParts.
 int parts_for(int64_t rows, int64_t k, int64_t g) {
   const int64_t share = rows <= 0 ? 1 : ceil_div(rows, rows < g ? rows : g);
   const int64_t atom_cols = ceil_div(k / kSfVecSize, kSfAtomCols);
-  const int64_t units = share * atom_cols * 8 + ceil_div(share, kSfAtomRows) * atom_cols * 32;
+  const int64_t units = share * atom_cols * kSfAtomCols * 2 + ceil_div(share, kSfAtomRows) * atom_cols * 32;
   const int64_t want = ceil_div(units, int64_t{kThreads} * 8);
   return static_cast<int>(want < 1 ? 1 : want > kMaxParts ? kMaxParts : want);
 }
