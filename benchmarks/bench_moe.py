@@ -177,10 +177,10 @@ def build(variant: str, layers: list[Layer], x: torch.Tensor, hmid: torch.Tensor
         static = base == "w4a4_static"
 
         def call(L):
-            p, sfa, a_dec = nvfp4_gemm.quantize_grouped(x, offs, L.in13 if static else None)
-            y13 = gm(p, L.w13, sfa, L.sf13, offs, alpha=a_dec * L.ws2_13, out_dtype=x.dtype)
-            p, sfa, a_dec = nvfp4_gemm.quantize_grouped(hmid, offs, L.in2 if static else None)
-            return y13, gm(p, L.w2, sfa, L.sf2, offs, alpha=a_dec * L.ws2_2, out_dtype=x.dtype)
+            p, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, L.in13 if static else None, weight_scale_2=L.ws2_13)
+            y13 = gm(p, L.w13, sfa, L.sf13, offs, alpha=alpha, out_dtype=x.dtype)
+            p, sfa, alpha = nvfp4_gemm.quantize_grouped(hmid, offs, L.in2 if static else None, weight_scale_2=L.ws2_2)
+            return y13, gm(p, L.w2, sfa, L.sf2, offs, alpha=alpha, out_dtype=x.dtype)
 
         return [lambda L=L: call(L) for L in layers]
     if base == "bf16":

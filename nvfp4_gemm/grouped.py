@@ -1,7 +1,7 @@
 """The grouped (mixture-of-experts) NVFP4 GEMM and the helpers that feed it (docs/CONTRACT.md "Grouped GEMM").
 
     out = nvfp4_gemm.grouped_mm(a, b, sfa, sfb, offs, alpha=alpha)       # == torch.ops.nvfp4_gemm.grouped_mm
-    packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x, offs, input_scale)
+    packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, input_scale, weight_scale_2=ws2)
     sfa = nvfp4_gemm.to_blocked_grouped(sf_linear, offs)
 
 Rows of group g are a[offs[g-1]:offs[g]] (offs[-1] taken as 0), torch.nn.functional.grouped_mm's convention.
@@ -129,20 +129,29 @@ def quantize_grouped(
     offs: torch.Tensor,
     input_scale: torch.Tensor | None = None,
     *,
+    weight_scale_2: torch.Tensor | None = None,
     sfa_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize grouped tokens to NVFP4 with one per-tensor scale per group: x [T, K] float -> (packed [T, K/2]
     uint8, sfa in the grouped blocked layout (flat float8_e4m3fn, sfa_rows * round_up(K/16,4) values, default
-    rows grouped_sfa_rows(T, G)), alpha_a float32 [G] each group's DECODE scale).
+    rows grouped_sfa_rows(T, G)), scale float32 [G]).
 
     input_scale: float32 [G] (or one value for every group) on x's device, each group's static DECODE input
     scale (ModelOpt's per-expert input_scale; the encode scale is its reciprocal); None: dynamic, each group's
     scale from the finite amax of its own rows (global_encode_scale). The bits are those of
     `nvfp4_gemm.quantize(x[rows of g], encode_g)` for every group (the same recipe, csrc/quant/recipe.h), placed
-    as `to_blocked_grouped` places them. Group g's GEMM alpha is alpha_a[g] * weight_scale_2[g]. One native call,
-    no host sync: on CUDA one pass, CTAs per group, that writes the packed rows and every byte of sfa (after a
-    per-group amax pass when dynamic). Offsets follow grouped_mm's CUDA rules (clamped, a decrease is an empty group);
-    rows whose scales would lie past sfa_rows are not quantized (their GEMM rows then come out NaN on CUDA).
+    as `to_blocked_grouped` places them.
+
+    weight_scale_2: float32 [G] (or one value) on x's device, the experts' per-tensor weight scales. Given, the
+    third output is each group's grouped_mm alpha, fl(decode_g * weight_scale_2[g]) (what `linear` forms for a
+    dense layer), so grouped_mm takes it as it is; None: each group's DECODE scale (alpha is then
+    decode * weight_scale_2, the same float32 product).
+
+    One native call, no host sync. On CUDA one launch, CTAs per group, that writes the packed rows and every byte
+    of sfa (with dynamic scales, a group worked by several CTAs takes its amax from a launch ahead); a programmatic
+    dependent launch, so the grouped GEMM behind it starts while it runs. Offsets follow grouped_mm's CUDA rules
+    (clamped, a decrease is an empty group); rows whose scales would lie past sfa_rows are not quantized (their
+    GEMM rows then come out NaN on CUDA).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_grouped: x must be 2-D [T, K], got shape {tuple(x.shape)}")
@@ -152,16 +161,21 @@ def quantize_grouped(
                          f"{getattr(offs, 'dtype', type(offs).__name__)} of shape {tuple(getattr(offs, 'shape', ()))}")
     t = x.shape[0]
     rows = grouped_sfa_rows(t, g) if sfa_rows is None else int(sfa_rows)
-    scale = None
-    if input_scale is not None:
-        if not isinstance(input_scale, torch.Tensor):
-            raise ValueError(f"quantize_grouped: input_scale must be a float32 tensor [G] on x's device or None, got "
-                             f"{type(input_scale).__name__}")
-        if input_scale.dtype != torch.float32 or input_scale.numel() not in (1, g):
-            raise ValueError(f"quantize_grouped: input_scale must be float32 with G = {g} values (or one for every "
-                             f"group), got {input_scale.dtype} of shape {tuple(input_scale.shape)}")
-        scale = input_scale.detach().reshape(-1).expand(g).contiguous()
-    return torch.ops.nvfp4_gemm._quantize_grouped.default(x, offs, scale, rows)
+    return torch.ops.nvfp4_gemm._quantize_grouped.default(
+        x, offs, _per_group("input_scale", input_scale, g), _per_group("weight_scale_2", weight_scale_2, g), rows)
+
+
+def _per_group(name: str, v: torch.Tensor | None, g: int) -> torch.Tensor | None:
+    """quantize_grouped's per-group float32 argument as a contiguous [G] tensor (one value broadcast), or None."""
+    if v is None:
+        return None
+    if not isinstance(v, torch.Tensor):
+        raise ValueError(f"quantize_grouped: {name} must be a float32 tensor [G] on x's device or None, got "
+                         f"{type(v).__name__}")
+    if v.dtype != torch.float32 or v.numel() not in (1, g):
+        raise ValueError(f"quantize_grouped: {name} must be float32 with G = {g} values (or one for every group), "
+                         f"got {v.dtype} of shape {tuple(v.shape)}")
+    return v.detach().reshape(-1).expand(g).contiguous()
 
 
 # --- The reference ----------------------------------------------------------------------------------------
@@ -283,9 +297,9 @@ def _grouped_mm_out_fake(a, b, sfa, sfb, offs, alpha=None, out_dtype=None, *, ou
 
 
 @torch.library.register_fake("nvfp4_gemm::_quantize_grouped")
-def _quantize_grouped_fake(x, offs, input_scale, sfa_rows):
+def _quantize_grouped_fake(x, offs, input_scale, weight_scale_2, sfa_rows):
     op = "nvfp4_gemm.quantize_grouped"
-    _check_devices(x, offs=offs, input_scale=input_scale)
+    _check_devices(x, offs=offs, input_scale=input_scale, weight_scale_2=weight_scale_2)
     torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D, got {x.dim()}-D")
     torch._check(x.dtype in _ACT_DTYPES, lambda: f"{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
     t, k = x.shape

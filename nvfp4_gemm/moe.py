@@ -425,9 +425,10 @@ class _Routing:
 
 
 def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None, uniform: bool,
-                 input_scale: torch.Tensor | None):
-    """A of one grouped GEMM in NVFP4: (packed [S, K/2], grouped blocked sfa, the input DECODE scale: one [1]
-    or per expert [E]). x: the tensor the rows come from ([T, K] with gather = the token of each sorted row, or
+                 input_scale: torch.Tensor | None, ws2: torch.Tensor | None = None):
+    """A of one grouped GEMM in NVFP4: (packed [S, K/2], grouped blocked sfa, scale), scale the input DECODE
+    scale (one [1] or per expert [E]), or with ws2 (the experts' weight_scale_2 [E]) the GEMM's alpha
+    fl(decode * ws2) [E]. x: the tensor the rows come from ([T, K] with gather = the token of each sorted row, or
     the [S, K] sorted rows with gather None). input_scale: the experts' static DECODE scales [E], or None
     (dynamic: one scale from the finite amax of x)."""
     k = x.shape[1]
@@ -444,10 +445,10 @@ def _quantized_a(x: torch.Tensor, routing: _Routing, gather: torch.Tensor | None
         sf_lin = from_blocked(sf, x.shape[0], k)
         if gather is not None:
             packed, sf_lin = packed[gather], sf_lin[gather]
-        return packed, to_blocked_grouped(sf_lin, routing.offs), decode
+        return packed, to_blocked_grouped(sf_lin, routing.offs), decode if ws2 is None else decode * ws2
     rows = x if gather is None else x[gather]
-    packed, sfa, decode = quantize_grouped(rows.contiguous(), routing.offs, input_scale.float().contiguous())
-    return packed, sfa, decode
+    # per expert: the kernel forms fl(decode * ws2) itself (no multiply launched behind it)
+    return quantize_grouped(rows.contiguous(), routing.offs, input_scale.float().contiguous(), weight_scale_2=ws2)
 
 
 def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gather, out_dtype,
@@ -471,10 +472,11 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
         a = x if gather is None else x[gather]
         alpha = None if part is not None else ws2
         return _grouped_mm(a, b, None, sfb, routing.offs, alpha, out_dtype if part is None else torch.float32)
-    packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
     if part is not None:
+        packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
-    alpha = decode * ws2  # fl(input decode * weight_scale_2) per expert, as linear forms it
+    # alpha = fl(input decode * weight_scale_2) per expert, as linear forms it
+    packed, sfa, alpha = _quantized_a(x, routing, gather, uniform, inp, ws2.float().contiguous())
     return _grouped_mm(packed, b, sfa, sfb, routing.offs, alpha, out_dtype)
 
 

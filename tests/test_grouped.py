@@ -225,8 +225,8 @@ def test_torch_compile_quantize_then_gemm(gbackend):
     x = torch.randn(case.t, case.k, generator=torch.Generator().manual_seed(0)).to(device, torch.bfloat16)
 
     def step(x, b, sfb, offs, ws2):
-        packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x, offs)
-        return nvfp4_gemm.grouped_mm(packed, b, sfa, sfb, offs, alpha=alpha_a * ws2, out_dtype=torch.bfloat16)
+        packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, weight_scale_2=ws2)
+        return nvfp4_gemm.grouped_mm(packed, b, sfa, sfb, offs, alpha=alpha, out_dtype=torch.bfloat16)
 
     ws2 = torch.full((case.g,), 0.5, device=device)
     eager = step(x, inputs["b"], inputs["sfb"], inputs["offs"], ws2)
@@ -332,12 +332,15 @@ def _x(t, k, dtype, seed):
 
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ws2", [False, True])
 @pytest.mark.parametrize("mode", ["static", "dynamic", "static_scalar"])
 @pytest.mark.parametrize("t,k,g", [(90, 96, 5), (700, 1040, 4)])
-def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g):
+def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g, ws2):
     """Bits equal per-group quantize placed by to_blocked_grouped, every byte of sfa included (the CUDA caching
-    allocator hands the outputs memory poisoned with 0xFF first). K = 96 / 1040: a last atom column of 2 / 1 scale
-    columns; (700, 1040, 4): several CTAs share each group on CUDA."""
+    allocator hands the outputs memory poisoned with 0xFF first); the third output is each group's decode scale, or
+    with weight_scale_2 the float32 product decode * weight_scale_2. K = 96 / 1040: a last atom column of 2 / 1
+    scale columns; (90, 96, 5): one CTA a group on CUDA (dynamic: the amax inside the quantizing launch);
+    (700, 1040, 4): several CTAs share each group (dynamic: an amax launch ahead)."""
     gen = torch.Generator().manual_seed(11)
     counts = routing_counts(t, g, "skewed", gen)
     counts[1] = 0  # an empty group too
@@ -359,7 +362,9 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
         poison = torch.full((4 * (t * k + grouped_sfa_rows(t, g) * round_up(k // 16, 4)),), 0xFF, dtype=torch.uint8,
                             device=device)
         del poison
-    packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x_dev, offs_dev, scale_dev)
+    w2 = (torch.rand(g, generator=gen) * 0.5 + 0.25) / 64 if ws2 else None
+    packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x_dev, offs_dev, scale_dev,
+                                                       weight_scale_2=None if w2 is None else w2.to(device))
     assert packed.shape == (t, k // 2) and packed.dtype == torch.uint8
     assert sfa.dtype == torch.float8_e4m3fn and sfa.numel() == grouped_sfa_rows(t, g) * round_up(k // 16, 4)
     assert alpha_a.shape == (g,) and alpha_a.dtype == torch.float32
@@ -373,7 +378,8 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
         else:
             dec = scale.reshape(-1).expand(g)[gi:gi + 1]
             enc = torch.reciprocal(dec)
-        assert alpha_a[gi].view(torch.int32) == dec.reshape(()).view(torch.int32), (gi, alpha_a[gi], dec)
+        want_alpha = dec.reshape(()) if w2 is None else dec.reshape(()) * w2[gi]
+        assert alpha_a[gi].view(torch.int32) == want_alpha.view(torch.int32), (gi, alpha_a[gi], want_alpha)
         if m:
             p_ref, sf_ref = nvfp4_gemm.quantize(xs, enc)
             assert torch.equal(packed[start:start + m], p_ref), f"group {gi} codes"
@@ -399,8 +405,14 @@ def test_quantize_grouped_errors():
         nvfp4_gemm.quantize_grouped(x.to(torch.float64), offs)
     with pytest.raises(RuntimeError, match=r"sfa_rows must be a multiple of 128 and at least round_up\(T,128\) = 128"):
         nvfp4_gemm.quantize_grouped(x, offs, sfa_rows=100)
+    with pytest.raises(ValueError, match=r"weight_scale_2 must be float32 with G = 2 values .* got torch.float16"):
+        nvfp4_gemm.quantize_grouped(x, offs, weight_scale_2=torch.ones(2, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight_scale_2 must be a float32 tensor"):
+        nvfp4_gemm.quantize_grouped(x, offs, weight_scale_2=0.5)
+    with pytest.raises(RuntimeError, match=r"weight_scale_2 must be a contiguous float32 \[G\] = \[2\] tensor"):
+        torch.ops.nvfp4_gemm._quantize_grouped(x, offs, None, torch.ones(3), 128)
     with pytest.raises(RuntimeError, match="x must be 2-D|must be 2-D"):
-        torch.ops.nvfp4_gemm._quantize_grouped(x.reshape(-1), offs, None, 128)
+        torch.ops.nvfp4_gemm._quantize_grouped(x.reshape(-1), offs, None, None, 128)
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -58,11 +58,15 @@ def main() -> int:
     torch.cuda.synchronize()
     print("garbage routing: no fault")
 
-    # The grouped quantization and the blocked placement, static and dynamic.
-    x = torch.randn(77, 256, device="cuda", dtype=torch.bfloat16)
-    offs = torch.tensor([0, 40, 40, 41, 77], dtype=torch.int32, device="cuda")
-    for scale in (None, torch.full((5,), 0.01, device="cuda")):
-        packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x, offs, scale)
+    # The grouped quantization and the blocked placement, static and dynamic, with and without weight_scale_2: one
+    # CTA a group (dynamic amax inside the quantizing launch), then groups of ~1000 rows (several CTAs, amax ahead).
+    for t, k, ends in ((77, 256, [0, 40, 40, 41, 77]), (2000, 1024, [900, 900, 2000])):
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+        offs = torch.tensor(ends, dtype=torch.int32, device="cuda")
+        g = len(ends)
+        for scale in (None, torch.full((g,), 0.01, device="cuda")):
+            for ws2 in (None, torch.full((g,), 0.5, device="cuda")):
+                packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, scale, weight_scale_2=ws2)
     torch.cuda.synchronize()
     print("quantize_grouped: done")
     print("FAILURES:", failures)

@@ -79,8 +79,10 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
   // Grouped quantization of tokens sorted by group (nvfp4_gemm.quantize_grouped): one per-tensor scale per group,
   // input_scale float32 [G] each group's static DECODE scale or None (dynamic: each group's finite amax), the
   // scales written in the grouped blocked layout of sfa_rows padded rows. Returns packed [T, K/2], sfa (flat e4m3)
-  // and the groups' decode scales [G].
-  m.def("_quantize_grouped(Tensor x, Tensor offs, Tensor? input_scale, int sfa_rows) -> (Tensor, Tensor, Tensor)");
+  // and per group fl(decode * weight_scale_2) [G] (the grouped GEMM's alpha), or the decode scale where
+  // weight_scale_2 is None.
+  m.def("_quantize_grouped(Tensor x, Tensor offs, Tensor? input_scale, Tensor? weight_scale_2, int sfa_rows) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("_register_grouped_backends() -> str[]", []() { return nvfp4_gemm::register_grouped_backends(); });
   m.def("_grouped_backends() -> str[]", []() {
     std::vector<std::string> out;

@@ -180,17 +180,19 @@ uint32_t finite_amax_bits(const Raw* x, int64_t row0, int64_t m, int64_t k, ToBi
 
 template <typename Raw, typename ToBits>
 void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* offs, int64_t g, const float* input_scale,
-                            int64_t sfa_rows, uint8_t* packed, uint8_t* sf, float* decode, ToBits to_bits) {
+                            const float* weight_scale_2, int64_t sfa_rows, uint8_t* packed, uint8_t* sf,
+                            float* scale_out, ToBits to_bits) {
   const auto clamp = [t](int64_t v) { return v < 0 ? int64_t{0} : v > t ? t : v; };
   int64_t pad = 0;
   for (int64_t j = 0; j < g; ++j) {
     const int64_t lo = j == 0 ? 0 : clamp(offs[j - 1]), hi = clamp(offs[j]);
     const int64_t m = hi > lo ? hi - lo : 0;
+    const float ws2 = weight_scale_2 != nullptr ? weight_scale_2[j] : 1.0f;  // alpha = fl(decode * 1) = decode
     const quant::InputScales sc =
-        input_scale != nullptr ? quant::static_input_scales(input_scale[j], 1.0f)
+        input_scale != nullptr ? quant::static_input_scales(input_scale[j], ws2)
                                : quant::dynamic_input_scales(quant::bits_float(finite_amax_bits(x, lo, m, k, to_bits)),
-                                                             1.0f);
-    decode[j] = sc.decode;
+                                                             ws2);
+    scale_out[j] = sc.alpha;
     if (m > 0) {
       TORCH_CHECK(quant::usable_encode_scale(sc.encode), "nvfp4_gemm.quantize_grouped: group ", j,
                   "'s input scale must be positive and finite (its encode scale 1 / input_scale is ", sc.encode,
@@ -204,7 +206,7 @@ void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* o
 }  // namespace
 
 void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const std::optional<at::Tensor>& input_scale,
-                            int64_t sfa_rows) {
+                            const std::optional<at::Tensor>& weight_scale_2, int64_t sfa_rows) {
   constexpr const char* op = "nvfp4_gemm.quantize_grouped";
   TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, K] (tokens sorted by group), got shape ", x.sizes());
   const auto dt = x.scalar_type();
@@ -227,6 +229,14 @@ void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const s
     TORCH_CHECK(s.device() == x.device(), op, ": input_scale must be on x's device (", x.device(), "), got ",
                 s.device());
   }
+  if (weight_scale_2.has_value()) {
+    const at::Tensor& s = *weight_scale_2;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == g && s.is_contiguous(), op,
+                ": weight_scale_2 must be a contiguous float32 [G] = [", g, "] tensor (each group's per-tensor weight "
+                "scale), got ", s.scalar_type(), " of shape ", s.sizes());
+    TORCH_CHECK(s.device() == x.device(), op, ": weight_scale_2 must be on x's device (", x.device(), "), got ",
+                s.device());
+  }
   TORCH_CHECK(sfa_rows % kSfAtomRows == 0 && sfa_rows >= round_up(t, kSfAtomRows), op,
               ": sfa_rows must be a multiple of 128 and at least round_up(T,128) = ", round_up(t, kSfAtomRows),
               " (grouped_sfa_rows(T, G) = ", grouped_sfa_rows_worst(t, g), " fits every routing), got ", sfa_rows);
@@ -236,34 +246,36 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Tensor& x_in, const at::Tensor& offs,
                                                                     const std::optional<at::Tensor>& input_scale,
+                                                                    const std::optional<at::Tensor>& weight_scale_2,
                                                                     int64_t sfa_rows) {
-  check_quantize_grouped(x_in, offs, input_scale, sfa_rows);
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows);
   const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
   // Rows no group owns within sfa (garbage routing, or sfa_rows too small for it) stay zero here.
   at::Tensor packed = at::zeros({t, k / 2}, x_in.options().dtype(at::kByte));
   at::Tensor sf = at::zeros({sfa_rows * round_up(k / kSfVecSize, kSfAtomCols)}, x_in.options().dtype(at::kByte));
-  at::Tensor decode = at::empty({g}, x_in.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty({g}, x_in.options().dtype(at::kFloat));
   const at::Tensor x = x_in.contiguous();
   const float* in_scale = input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr;
+  const float* ws2 = weight_scale_2.has_value() ? weight_scale_2->data_ptr<float>() : nullptr;
   const int32_t* o = offs.data_ptr<int32_t>();
   uint8_t* p = packed.data_ptr<uint8_t>();
   uint8_t* f = sf.data_ptr<uint8_t>();
-  float* d = decode.data_ptr<float>();
+  float* d = scale.data_ptr<float>();
   switch (x.scalar_type()) {
     case at::kFloat:
-      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
                              [](uint32_t v) { return v; });
       break;
     case at::kHalf:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
                              quant::f16_to_f32_bits);
       break;
     default:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
                              quant::bf16_to_f32_bits);
       break;
   }
-  return {packed, sf.view(at::kFloat8_e4m3fn), decode};
+  return {packed, sf.view(at::kFloat8_e4m3fn), scale};
 }
 
 }  // namespace

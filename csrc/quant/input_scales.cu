@@ -151,13 +151,6 @@ cudaError_t sm_count(int* out) {
   });
 }
 
-// 1 if the dynamic kernel as it runs on this device may be a programmatic dependent (quant/pdl.cuh).
-template <InDtype D>
-cudaError_t waits_for_predecessor(int* out) {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  return kernel_waits_for_predecessor(dynamic_scales_kernel<D>, cached, out);
-}
-
 bool failed(cudaError_t e, const char* what, char* err, size_t err_len) {
   if (e == cudaSuccess) return false;
   cudaGetLastError();  // a failed runtime call is also recorded as the last error; later launch checks read it
@@ -171,7 +164,7 @@ template <InDtype D>
 cudaError_t launch_dynamic(const void* x, int64_t rows, int64_t k, int64_t ld_x, const float* ws2, float* out,
                            ReductionSlot slot, int blocks_cap, cudaStream_t stream) {
   int pdl = 0;
-  if (const cudaError_t e = waits_for_predecessor<D>(&pdl); e != cudaSuccess) return e;
+  if (const cudaError_t e = waits_for_predecessor(dynamic_scales_kernel<D>, &pdl); e != cudaSuccess) return e;
   const int64_t esize = element_bytes(D);
   // A contiguous x (or a single row) is one long row: tiles then never end early at row ends.
   if (rows <= 1 || ld_x == k) {

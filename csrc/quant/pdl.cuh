@@ -1,4 +1,4 @@
-// Programmatic dependent launch for the quantization kernels (input_scales.cu, quantize.cu).
+// Programmatic dependent launch for the quantization kernels (input_scales.cu, quantize.cu, quantize_grouped.cu).
 //
 // Launched with cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may start while the kernel ahead
 // of it on the stream is finishing. These kernels wait for that kernel before they touch global memory, then
@@ -55,6 +55,14 @@ cudaError_t kernel_waits_for_predecessor(Kernel* kernel, std::atomic<int>* cache
     *v = e == cudaSuccess && a.ptxVersion >= 90 ? 1 : 0;
     return e;
   });
+}
+
+// kernel_waits_for_predecessor with a cache per kernel signature: kernels of one module share their PTX version,
+// so kernels whose signatures coincide may share the answer.
+template <typename Kernel>
+cudaError_t waits_for_predecessor(Kernel* kernel, int* out) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return kernel_waits_for_predecessor(kernel, cached, out);
 }
 
 }  // namespace nvfp4_gemm::quant

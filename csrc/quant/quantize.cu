@@ -89,13 +89,6 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
   }
 }
 
-// 1 if `kernel` as it runs on this device may be a programmatic dependent (quant/pdl.cuh); one cache per kernel.
-template <typename Kernel>
-cudaError_t waits_for_predecessor(Kernel* kernel, int* out) {
-  static std::atomic<int> cached[kMaxDevices] = {};
-  return kernel_waits_for_predecessor(kernel, cached, out);
-}
-
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const GlobalScale& gs, uint8_t* packed,
             uint8_t* sf, cudaStream_t stream, char* err, size_t err_len) {

@@ -1,19 +1,25 @@
-// Grouped NVFP4 quantization for any SM >= 8.0: one launch that writes the packed rows and every byte of sfa
-// (two with dynamic scales: the per-group amax first). Each group is worked by `parts` CTAs of its own
-// (blockIdx.x = group * parts + part), so no routing prologue, no memset and no search per element: a CTA reads its
-// group's rows and padded start straight from offs (the grouped GEMM's routing rules, csrc/cuda/grouped.cu: offsets
-// clamped to [0, rows], a decrease read as an empty group). A thread quantizes one block of 16 elements and stores
+// Grouped NVFP4 quantization for any SM >= 8.0: one launch that writes the packed rows and every byte of sfa. Each
+// group is worked by `parts` CTAs of its own (blockIdx.x = group * parts + part), so no routing prologue, no memset
+// and no search per element: a CTA reads its group's rows and padded start straight from offs (the grouped GEMM's
+// routing rules, csrc/cuda/grouped.cu: offsets clamped to [0, rows], a decrease read as an empty group). With
+// dynamic scales a group's amax comes first: inside the same launch where a group has one CTA (the decode regime,
+// a few rows a group), else from a launch of its own ahead. A thread quantizes one block of 16 elements and stores
 // its scale byte where blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a
-// store where a whole chunk is padding. What lies past the
-// routing's padded rows up to sfa_rows is zeroed by every CTA together.
+// store where a whole chunk is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every
+// CTA together. Each group's third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM
+// reads it as it is (the decode scale itself where no weight_scale_2 is given). Both kernels are programmatic
+// dependents (quant/pdl.cuh): the grouped GEMM behind them launches while they run.
 #include "quant/quantize_grouped.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
+#include <type_traits>
 
 #include "quant/elem.cuh"
+#include "quant/pdl.cuh"
 #include "quant/recipe.h"
 
 namespace nvfp4_gemm::quant {
@@ -55,16 +61,12 @@ __device__ void padded_starts(const int32_t* offs, int64_t t, int64_t g, int64_t
   before = b, total = a;
 }
 
-// Dynamic scales, pass 1: CTA (j, p) of `parts` writes the finite amax of its share of group j's elements (fp32 bits;
-// 0 where nothing is finite) to amax[j * parts + p]: every slot written, so the workspace needs no clearing.
+// The finite amax (fp32 bits; 0 where nothing is finite) of CTA p of `parts`'s share of group rows r, every thread
+// of the CTA getting it: 16-byte loads strided over the parts' threads, then a warp and a CTA reduction.
 template <InDtype D>
-__global__ void __launch_bounds__(kThreads) group_amax_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
-                                                              int64_t t, int64_t k, const int32_t* __restrict__ offs,
-                                                              int parts, uint32_t* __restrict__ amax) {
+__device__ uint32_t share_finite_amax(const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t k, Rows r, int p,
+                                      int parts) {
   constexpr int kPerChunk = 16 / Elem<D>::kBytes;  // elements per 16-byte load
-  const int64_t j = blockIdx.x / parts;
-  const int p = static_cast<int>(blockIdx.x % parts);
-  const Rows r = group_rows(offs, t, j);
   const int64_t per_row = k / kPerChunk, chunks = r.count * per_row;
   uint32_t m = 0;
   for (int64_t c = static_cast<int64_t>(p) * kThreads + threadIdx.x; c < chunks; c += static_cast<int64_t>(parts) * kThreads) {
@@ -81,10 +83,22 @@ __global__ void __launch_bounds__(kThreads) group_amax_kernel(const uint8_t* __r
   __shared__ uint32_t warp_max[kThreads / 32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
-  if (threadIdx.x != 0) return;
 #pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-  amax[blockIdx.x] = m;
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  return m;
+}
+
+// Dynamic scales over several CTAs a group, pass 1: CTA (j, p) of `parts` writes the finite amax of its share of group
+// j's elements to amax[j * parts + p]: every slot written, so the workspace needs no clearing.
+template <InDtype D>
+__global__ void __launch_bounds__(kThreads) group_amax_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
+                                                              int64_t t, int64_t k, const int32_t* __restrict__ offs,
+                                                              int parts, uint32_t* __restrict__ amax) {
+  wait_for_predecessor_then_release();
+  const int64_t j = blockIdx.x / parts;
+  const int p = static_cast<int>(blockIdx.x % parts);
+  const uint32_t m = share_finite_amax<D>(x, ld_x_bytes, k, group_rows(offs, t, j), p, parts);
+  if (threadIdx.x == 0) amax[blockIdx.x] = m;
 }
 
 // One 16-element block at src quantized with encode scale gs (recipe.h): its scale byte and codes (element 2i in
@@ -111,27 +125,34 @@ __device__ __forceinline__ uint8_t quantize_block(const uint8_t* src, float gs, 
   return s8;
 }
 
-// Pass 2: CTA (j, p) of `parts` takes its share of group j's items (below), CTA (j, 0) writes decode[j], and every
-// CTA zeroes its share of the bytes past the routing's padded rows.
+// The quantization: CTA (j, p) of `parts` takes its share of group j's items (below), CTA (j, 0) writes scale_out[j]
+// (fl(decode * weight_scale_2[j]), or the decode scale where weight_scale_2 is null), and every CTA zeroes its share
+// of the bytes past the routing's padded rows. Scales: static from input_scale; dynamic from the parts' amax slots
+// (group_amax_kernel ran ahead), or, where amax is null (one CTA a group), from this CTA's own pass over the rows.
 template <InDtype D>
 __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
     const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t t, int64_t k, const int32_t* __restrict__ offs,
-    int64_t g, int parts, const float* __restrict__ input_scale, const uint32_t* __restrict__ amax, int64_t sfa_rows,
-    uint8_t* __restrict__ packed, uint8_t* __restrict__ sf, float* __restrict__ decode) {
+    int64_t g, int parts, const float* __restrict__ input_scale, const uint32_t* __restrict__ amax,
+    const float* __restrict__ weight_scale_2, int64_t sfa_rows, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf,
+    float* __restrict__ scale_out) {
+  wait_for_predecessor_then_release();
   const int64_t j = blockIdx.x / parts;
   const int p = static_cast<int>(blockIdx.x % parts);
   const Rows r = group_rows(offs, t, j);
   int64_t pad_start, pad_total;
   padded_starts(offs, t, g, j, pad_start, pad_total);
+  const float ws2 = weight_scale_2 != nullptr ? weight_scale_2[j] : 1.0f;  // alpha = fl(decode * 1) = decode
   InputScales sc;
   if (input_scale != nullptr) {
-    sc = static_input_scales(input_scale[j], 1.0f);
+    sc = static_input_scales(input_scale[j], ws2);
+  } else if (amax == nullptr) {
+    sc = dynamic_input_scales(__uint_as_float(share_finite_amax<D>(x, ld_x_bytes, k, r, 0, 1)), ws2);
   } else {
     uint32_t m = 0;
     for (int i = 0; i < parts; ++i) m = max(m, amax[j * parts + i]);
-    sc = dynamic_input_scales(__uint_as_float(m), 1.0f);
+    sc = dynamic_input_scales(__uint_as_float(m), ws2);
   }
-  if (p == 0 && threadIdx.x == 0) decode[j] = sc.decode;
+  if (p == 0 && threadIdx.x == 0) scale_out[j] = sc.alpha;
 
   const int64_t sf_cols = k / kSfVecSize;
   const int64_t atom_cols = ceil_div(sf_cols, kSfAtomCols);
@@ -191,25 +212,41 @@ int parts_for(int64_t rows, int64_t k, int64_t g) {
   return static_cast<int>(want < 1 ? 1 : want > kMaxParts ? kMaxParts : want);
 }
 
+// `kernel` over `blocks` CTAs on `stream`, a programmatic dependent where its code waits (quant/pdl.cuh).
+template <typename Kernel, typename... Args>
+cudaError_t launch_kernel(Kernel* kernel, unsigned blocks, cudaStream_t stream, Args... args) {
+  int pdl = 0;
+  if (const cudaError_t e = waits_for_predecessor(kernel, &pdl); e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = launch_config(dim3(blocks), dim3(kThreads), 0, stream, pdl != 0, attr);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  // Read once: cudaGetLastError also clears the error, so a second call would report "no error".
+  const cudaError_t last = cudaGetLastError();
+  return e != cudaSuccess ? e : last;
+}
+
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs, int64_t g,
-            const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed, uint8_t* sf, float* decode,
-            cudaStream_t stream, char* err, size_t err_len) {
+            const float* input_scale, const float* weight_scale_2, int64_t sfa_rows, void* workspace, uint8_t* packed,
+            uint8_t* sf, float* scale_out, cudaStream_t stream, char* err, size_t err_len) {
   const int parts = parts_for(rows, k, g);
   const auto blocks = static_cast<unsigned>(g * parts);
-  uint32_t* amax = static_cast<uint32_t*>(workspace);
+  // Dynamic scales over several CTAs a group: their amax slots from a launch ahead; one CTA a group forms its own.
+  uint32_t* const amax = input_scale == nullptr && parts > 1 ? static_cast<uint32_t*>(workspace) : nullptr;
   const auto* src = static_cast<const uint8_t*>(x);
   const int64_t ld_bytes = ld_x * Elem<D>::kBytes;
-  if (input_scale == nullptr) {
-    group_amax_kernel<D><<<blocks, kThreads, 0, stream>>>(src, ld_bytes, rows, k, offs, parts, amax);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  if (amax != nullptr) {
+    if (const cudaError_t e = launch_kernel(group_amax_kernel<D>, blocks, stream, src, ld_bytes, rows, k, offs, parts,
+                                            amax);
+        e != cudaSuccess) {
       std::snprintf(err, err_len, "quantize_grouped amax launch failed: %s", cudaGetErrorString(e));
       return false;
     }
   }
-  quantize_grouped_kernel<D><<<blocks, kThreads, 0, stream>>>(src, ld_bytes, rows, k, offs, g, parts, input_scale,
-                                                              amax, sfa_rows, packed, sf, decode);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  if (const cudaError_t e = launch_kernel(quantize_grouped_kernel<D>, blocks, stream, src, ld_bytes, rows, k, offs, g,
+                                          parts, input_scale, static_cast<const uint32_t*>(amax), weight_scale_2,
+                                          sfa_rows, packed, sf, scale_out);
+      e != cudaSuccess) {
     std::snprintf(err, err_len, "quantize_grouped kernel launch failed: %s (was the generic module compiled for this "
                   "GPU? rebuild with NVFP4_GEMM_CUDA_ARCHS including this device's arch)", cudaGetErrorString(e));
     return false;
@@ -224,23 +261,22 @@ size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g) {
 }
 
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
-                           int64_t g, const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed,
-                           uint8_t* sf, float* decode, cudaStream_t stream, char* err, size_t err_len) {
+                           int64_t g, const float* input_scale, const float* weight_scale_2, int64_t sfa_rows,
+                           void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out, cudaStream_t stream,
+                           char* err, size_t err_len) {
   if (g < 1 || g * parts_for(rows, k, g) > 0x7FFFFFFF || rows > 0x7FFFFFFF) {
     std::snprintf(err, err_len, "quantize_grouped: rows=%lld k=%lld groups=%lld past the grid limit",
                   static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(g));
     return false;
   }
+  const auto run = [&](auto d) {
+    return launch<decltype(d)::value>(x, rows, k, ld_x, offs, g, input_scale, weight_scale_2, sfa_rows, workspace,
+                                      packed, sf, scale_out, stream, err, err_len);
+  };
   switch (dtype) {
-    case InDtype::kFloat32:
-      return launch<InDtype::kFloat32>(x, rows, k, ld_x, offs, g, input_scale, sfa_rows, workspace, packed, sf, decode,
-                                       stream, err, err_len);
-    case InDtype::kFloat16:
-      return launch<InDtype::kFloat16>(x, rows, k, ld_x, offs, g, input_scale, sfa_rows, workspace, packed, sf, decode,
-                                       stream, err, err_len);
-    case InDtype::kBFloat16:
-      return launch<InDtype::kBFloat16>(x, rows, k, ld_x, offs, g, input_scale, sfa_rows, workspace, packed, sf,
-                                        decode, stream, err, err_len);
+    case InDtype::kFloat32: return run(std::integral_constant<InDtype, InDtype::kFloat32>{});
+    case InDtype::kFloat16: return run(std::integral_constant<InDtype, InDtype::kFloat16>{});
+    case InDtype::kBFloat16: return run(std::integral_constant<InDtype, InDtype::kBFloat16>{});
   }
   std::snprintf(err, err_len, "quantize_grouped: unknown input dtype code %d", static_cast<int>(dtype));
   return false;

@@ -20,12 +20,16 @@ size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g);
 //   packed [rows, k/2] e2m1 (contiguous; rows that no group owns within the sfa capacity are not written),
 //   sf: the grouped blocked layout of sfa_rows padded rows (a multiple of 128): group j's rows blocked on their
 //       own from padded row sum_{i<j} round_up(m_i, 128); every byte written (zero where no scale lands),
-//   decode [g]: each group's DECODE scale.
+//   scale_out [g]: each group's GEMM alpha fl(decode_j * weight_scale_2[j]) (recipe.h InputScales::alpha), or its
+//       DECODE scale where weight_scale_2 is nullptr.
 // input_scale [g] (device): each group's static DECODE input scale (encode = recipe.h static_encode_scale); nullptr:
-// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). One launch on `stream` (two
-// with dynamic scales: the per-group amax first), no host sync. Returns false with `err` filled on a launch failure.
+// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). weight_scale_2 [g] (device) or
+// nullptr. One launch on `stream` (two with dynamic scales where a group gets several CTAs: the per-group amax
+// first), each a programmatic dependent of the kernel ahead; no host sync. Returns false with `err` filled on a
+// launch failure.
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
-                           int64_t g, const float* input_scale, int64_t sfa_rows, void* workspace, uint8_t* packed,
-                           uint8_t* sf, float* decode, cudaStream_t stream, char* err, size_t err_len);
+                           int64_t g, const float* input_scale, const float* weight_scale_2, int64_t sfa_rows,
+                           void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out, cudaStream_t stream,
+                           char* err, size_t err_len);
 
 }  // namespace nvfp4_gemm::quant

@@ -130,13 +130,14 @@ void grouped_mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::op
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::Tensor& x_in, const at::Tensor& offs,
                                                                      const std::optional<at::Tensor>& input_scale,
+                                                                     const std::optional<at::Tensor>& weight_scale_2,
                                                                      int64_t sfa_rows) {
-  check_quantize_grouped(x_in, offs, input_scale, sfa_rows);
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
   at::Tensor packed = at::empty({t, k / 2}, x_in.options().dtype(at::kByte));
   at::Tensor sf = at::empty({sfa_rows * round_up(k / kSfVecSize, kSfAtomCols)}, x_in.options().dtype(at::kFloat8_e4m3fn));
-  at::Tensor decode = at::empty({g}, x_in.options().dtype(at::kFloat));
+  at::Tensor scale = at::empty({g}, x_in.options().dtype(at::kFloat));
   const int sm = device_info(x_in.get_device()).sm;
   TORCH_CHECK(sm >= 80, "nvfp4_gemm.quantize_grouped: the CUDA kernels need SM >= 8.0, this GPU is SM ", sm / 10, ".",
               sm % 10, "; move the tensors to the CPU");
@@ -157,11 +158,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   char err[kErrLen] = {0};
   TORCH_CHECK(quant::quantize_grouped_cuda(x.data_ptr(), dt, t, k, t > 1 ? x.stride(0) : k, offs.data_ptr<int32_t>(), g,
                                            input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr,
+                                           weight_scale_2.has_value() ? weight_scale_2->data_ptr<float>() : nullptr,
                                            sfa_rows, ws.data_ptr(), packed.data_ptr<uint8_t>(),
-                                           static_cast<uint8_t*>(sf.data_ptr()), decode.data_ptr<float>(),
+                                           static_cast<uint8_t*>(sf.data_ptr()), scale.data_ptr<float>(),
                                            at::cuda::getCurrentCUDAStream(), err, kErrLen),
               "nvfp4_gemm.quantize_grouped (CUDA): ", err);
-  return {packed, sf, decode};
+  return {packed, sf, scale};
 }
 
 // What grouped_mm would run for a problem of this shape on a device of SM version `sm` (132 SMs, an H100's shared
