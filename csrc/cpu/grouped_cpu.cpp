@@ -221,22 +221,17 @@ void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const s
               offs.scalar_type(), " of shape ", offs.sizes());
   TORCH_CHECK(offs.device() == x.device(), op, ": offs must be on x's device (", x.device(), "), got ", offs.device());
   const int64_t g = offs.numel();
-  if (input_scale.has_value()) {
-    const at::Tensor& s = *input_scale;
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == g && s.is_contiguous(), op,
-                ": input_scale must be a contiguous float32 [G] = [", g, "] tensor (each group's DECODE input scale), "
-                "got ", s.scalar_type(), " of shape ", s.sizes());
-    TORCH_CHECK(s.device() == x.device(), op, ": input_scale must be on x's device (", x.device(), "), got ",
-                s.device());
-  }
-  if (weight_scale_2.has_value()) {
-    const at::Tensor& s = *weight_scale_2;
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == g && s.is_contiguous(), op,
-                ": weight_scale_2 must be a contiguous float32 [G] = [", g, "] tensor (each group's per-tensor weight "
-                "scale), got ", s.scalar_type(), " of shape ", s.sizes());
-    TORCH_CHECK(s.device() == x.device(), op, ": weight_scale_2 must be on x's device (", x.device(), "), got ",
-                s.device());
-  }
+  // A per-group float32 argument: None, or a contiguous [G] tensor on x's device.
+  const auto check_per_group = [&](const std::optional<at::Tensor>& v, const char* name, const char* what) {
+    if (!v.has_value()) return;
+    TORCH_CHECK(v->scalar_type() == at::kFloat && v->dim() == 1 && v->size(0) == g && v->is_contiguous(), op, ": ",
+                name, " must be a contiguous float32 [G] = [", g, "] tensor (", what, "), got ", v->scalar_type(),
+                " of shape ", v->sizes());
+    TORCH_CHECK(v->device() == x.device(), op, ": ", name, " must be on x's device (", x.device(), "), got ",
+                v->device());
+  };
+  check_per_group(input_scale, "input_scale", "each group's DECODE input scale");
+  check_per_group(weight_scale_2, "weight_scale_2", "each group's per-tensor weight scale");
   TORCH_CHECK(sfa_rows % kSfAtomRows == 0 && sfa_rows >= round_up(t, kSfAtomRows), op,
               ": sfa_rows must be a multiple of 128 and at least round_up(T,128) = ", round_up(t, kSfAtomRows),
               " (grouped_sfa_rows(T, G) = ", grouped_sfa_rows_worst(t, g), " fits every routing), got ", sfa_rows);
