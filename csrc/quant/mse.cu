@@ -90,10 +90,8 @@ __global__ void __launch_bounds__(kThreads) mse_kernel(const uint8_t* __restrict
   scale[t] = static_cast<uint8_t>(best.byte);
   if (error != nullptr) error[t] = best.err;
   const float inv = table_inv[best.byte];
-  uint32_t words[2] = {0, 0};  // element 2i in the low nibble of byte i
-#pragma unroll
-  for (int i = 0; i < kSfVecSize; ++i) words[i / 8] |= e2m1_code(abs_bits[i], Elem<D>::sign(raw, i), inv) << (4 * (i % 8));
-  reinterpret_cast<uint2*>(packed)[t] = make_uint2(words[0], words[1]);  // packed is [rows, k/2] contiguous
+  reinterpret_cast<uint2*>(packed)[t] =  // packed is [rows, k/2] contiguous
+      block_codes([&](int i) { return abs_bits[i]; }, [&](int i) { return Elem<D>::sign(raw, i); }, inv);
 }
 
 template <InDtype D, bool kWeighted>

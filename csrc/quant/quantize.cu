@@ -79,13 +79,9 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const uint8_t* __res
     const uint8_t s8 = live[it] ? block_scale(bits_float(amax_bits), gs) : uint8_t{0};
     sf[blocked_sf_offset(r[it], s[it], sf_cols)] = s8;
     if (!live[it]) continue;
-    const float inv = value_multiplier(s8, gs);
-    uint32_t words[2] = {0, 0};  // element 2i in the low nibble of byte i
-#pragma unroll
-    for (int i = 0; i < kSfVecSize; ++i) {
-      words[i / 8] |= e2m1_code(abs_bits[i], Elem<D>::sign(raw[it], i), inv) << (4 * (i % 8));
-    }
-    *reinterpret_cast<uint2*>(packed + r[it] * (k / 2) + s[it] * (kSfVecSize / 2)) = make_uint2(words[0], words[1]);
+    *reinterpret_cast<uint2*>(packed + r[it] * (k / 2) + s[it] * (kSfVecSize / 2)) =
+        block_codes([&](int i) { return abs_bits[i]; }, [&](int i) { return Elem<D>::sign(raw[it], i); },
+                    value_multiplier(s8, gs));
   }
 }
 

@@ -117,11 +117,8 @@ __device__ __forceinline__ uint8_t quantize_block(const uint8_t* src, float gs, 
     amax_bits = max(amax_bits, abs_bits[i]);
   }
   const uint8_t s8 = block_scale(bits_float(amax_bits), gs);
-  const float inv = value_multiplier(s8, gs);
-  uint32_t words[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < kSfVecSize; ++i) words[i / 8] |= e2m1_code(abs_bits[i], Elem<D>::sign(raw, i), inv) << (4 * (i % 8));
-  codes = make_uint2(words[0], words[1]);
+  codes = block_codes([&](int i) { return abs_bits[i]; }, [&](int i) { return Elem<D>::sign(raw, i); },
+                      value_multiplier(s8, gs));
   return s8;
 }
 
