@@ -67,12 +67,11 @@ struct GroupedLauncher {
     cutlass::Status s = Gemm::can_implement(K::make_arguments(p, Arrays{}, &hint, dev.num_sms));
     if (s == cutlass::Status::kSuccess) s = Gemm::can_implement(K::make_arguments(p, Arrays{}, nullptr, dev.num_sms));
     if (s != cutlass::Status::kSuccess) {
-      std::snprintf(why, why_len,
-                    "CUTLASS can_implement refused T=%lld N=%lld K=%lld G=%lld (lda=%lld ldb=%lld bytes, ldc=%lld): "
-                    "%s; this kernel needs K %% 32 == 0 (16-byte rows of e2m1) and N %% %d == 0 (16-byte rows of the "
-                    "output)",
+      char shape[160];
+      std::snprintf(shape, sizeof(shape), "T=%lld N=%lld K=%lld G=%lld (lda=%lld ldb=%lld bytes, ldc=%lld)",
                     (long long)p.t, (long long)p.n, (long long)p.k, (long long)p.g, (long long)p.lda,
-                    (long long)p.ldb, (long long)p.ldc, cutlassGetStatusString(s), K::AlignmentD);
+                    (long long)p.ldb, (long long)p.ldc);
+      can_implement_refusal(why, why_len, shape, s, K::AlignmentD);
       return false;
     }
     return true;

@@ -32,6 +32,15 @@ bool initialize_and_run(const typename Gemm::Arguments& args, void* workspace, c
   return false;
 }
 
+// why = "CUTLASS can_implement refused <shape>: <status>; this kernel needs ..." for a kernel whose output rows
+// align to alignment_d elements. Shared by the dense launcher below and the grouped one, each with its own shape text.
+inline void can_implement_refusal(char* why, size_t why_len, const char* shape, cutlass::Status s, int alignment_d) {
+  std::snprintf(why, why_len,
+                "CUTLASS can_implement refused %s: %s; this kernel needs K %% 32 == 0 (16-byte rows of e2m1) and "
+                "N %% %d == 0 (16-byte rows of the output)",
+                shape, cutlassGetStatusString(s), alignment_d);
+}
+
 // check / workspace / run for one kernel K (K::Gemm a CUTLASS GemmUniversalAdapter, K::make_arguments(p, alpha,
 // sm_count) its arguments, K::AlignmentD the output alignment in elements); the generated TUs hand these to
 // KernelOps.
@@ -43,12 +52,10 @@ struct CutlassLauncher {
     auto args = K::make_arguments(p, p.alpha, dev.num_sms);
     cutlass::Status s = Gemm::can_implement(args);
     if (s != cutlass::Status::kSuccess) {
-      std::snprintf(why, why_len,
-                    "CUTLASS can_implement refused M=%lld N=%lld K=%lld (lda=%lld ldb=%lld bytes, ldc=%lld): %s; "
-                    "this kernel needs K %% 32 == 0 (16-byte rows of e2m1) and N %% %d == 0 (16-byte rows of the "
-                    "output)",
-                    (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
-                    (long long)p.ldc, cutlassGetStatusString(s), K::AlignmentD);
+      char shape[128];
+      std::snprintf(shape, sizeof(shape), "M=%lld N=%lld K=%lld (lda=%lld ldb=%lld bytes, ldc=%lld)", (long long)p.m,
+                    (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb, (long long)p.ldc);
+      can_implement_refusal(why, why_len, shape, s, K::AlignmentD);
       return false;
     }
     return true;
