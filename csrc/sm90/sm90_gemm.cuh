@@ -402,6 +402,15 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       // Loads of B and its scales come from the caller's buffers, ready before this grid started; decoded
       // A comes from the prepass, which this grid may overlap (programmatic dependent launch). So the
       // first stages get their B loads, then the producer waits for the prepass, then issues their A.
+      // The grouped form's tile of unit u, looked up (a binary search over the groups) once per tile, not per stage.
+      GroupedTile cur_gt{};
+      int cur_tile = -1;
+      auto tile_of = [&](int tile) {
+        if constexpr (GROUPED) {
+          if (tile != cur_tile) cur_gt = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile), cur_tile = tile;
+        }
+        return cur_gt;
+      };
       auto load_b = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
         const int tile_w = tile % p.tiles_w;
@@ -411,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         uint8_t* st = smem + s * kStage;
         Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
         if constexpr (GROUPED) {
-          const GroupedTile gt = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile);
+          const GroupedTile gt = tile_of(tile);
           cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
                                        gt.g * p.sf_group_rows + (gt.tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
           cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2),
@@ -426,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         const int tile = u / p.ktiles, kt = u % p.ktiles;
         int row;
         if constexpr (GROUPED)
-          row = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile).m_base;
+          row = tile_of(tile).m_base;
         else
           row = tile / p.tiles_w * TOKENS;
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
