@@ -12,8 +12,8 @@ own expert weights, R the smallest number (>= 2) whose experts HIT by the routin
 layer = gate_up + down; the R layers' calls are captured back to back in one CUDA graph, per-layer time =
 replay / R, median of --replays replays (benchmarks/_timing.py). Variants, all on the same NVFP4 weights:
   w4a16        nvfp4_gemm.grouped_mm, weight-only: bf16 activations x NVFP4 experts, alpha = weight_scale_2[g]
-  w4a4_dyn     quantize_grouped (dynamic, per-expert scale from its own tokens) + grouped_mm, both GEMMs
-  w4a4_static  quantize_grouped with per-expert static input scales + grouped_mm
+  w4a4_dyn     grouped_linear (quantize_grouped with dynamic per-expert scales + grouped_mm), both GEMMs
+  w4a4_static  grouped_linear with per-expert static input scales
   X[B]         the variant X with NVFP4_GEMM_BACKEND=B (--backends)
   bf16         torch.nn.functional.grouped_mm on bf16 weights decoded beforehand (4x the bytes)
   humming      humming-kernels 0.1.20 MoE W4A16 (grouped-contiguous) on the same NVFP4 weights, when importable
@@ -176,11 +176,10 @@ def build(variant: str, layers: list[Layer], x: torch.Tensor, hmid: torch.Tensor
     if base in ("w4a4_dyn", "w4a4_static"):
         static = base == "w4a4_static"
 
-        def call(L):
-            p, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, L.in13 if static else None, weight_scale_2=L.ws2_13)
-            y13 = gm(p, L.w13, sfa, L.sf13, offs, alpha=alpha, out_dtype=x.dtype)
-            p, sfa, alpha = nvfp4_gemm.quantize_grouped(hmid, offs, L.in2 if static else None, weight_scale_2=L.ws2_2)
-            return y13, gm(p, L.w2, sfa, L.sf2, offs, alpha=alpha, out_dtype=x.dtype)
+        def call(L):  # grouped_linear: quantize_grouped, then grouped_mm with its alpha
+            gl = nvfp4_gemm.grouped_linear
+            return (gl(x, L.w13, L.sf13, L.ws2_13, offs, L.in13 if static else None),
+                    gl(hmid, L.w2, L.sf2, L.ws2_2, offs, L.in2 if static else None))
 
         return [lambda L=L: call(L) for L in layers]
     if base == "bf16":

@@ -30,6 +30,7 @@ from ._quantize_model import quantize_model  # noqa: E402
 from .fused import fuse_projections, unfuse_projections  # noqa: E402
 from .checkpoint import CheckpointError, UnsupportedFormatError, from_pretrained, save_pretrained  # noqa: E402
 from .grouped import (  # noqa: E402
+    grouped_linear,
     grouped_mm,
     grouped_sfa_rows,
     quantize_grouped,
@@ -66,6 +67,7 @@ __all__ = [
     "CheckpointError",
     "UnsupportedFormatError",
     "grouped_mm",
+    "grouped_linear",
     "grouped_sfa_rows",
     "to_blocked_grouped",
     "quantize_grouped",

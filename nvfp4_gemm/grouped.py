@@ -2,6 +2,7 @@
 
     out = nvfp4_gemm.grouped_mm(a, b, sfa, sfb, offs, alpha=alpha)       # == torch.ops.nvfp4_gemm.grouped_mm
     packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, input_scale, weight_scale_2=ws2)
+    out = nvfp4_gemm.grouped_linear(x, weight, weight_scale, ws2, offs, input_scale)  # the two above in one call
     sfa = nvfp4_gemm.to_blocked_grouped(sf_linear, offs)
 
 Rows of group g are a[offs[g-1]:offs[g]] (offs[-1] taken as 0), torch.nn.functional.grouped_mm's convention.
@@ -165,17 +166,50 @@ def quantize_grouped(
         x, offs, _per_group("input_scale", input_scale, g), _per_group("weight_scale_2", weight_scale_2, g), rows)
 
 
-def _per_group(name: str, v: torch.Tensor | None, g: int) -> torch.Tensor | None:
-    """quantize_grouped's per-group float32 argument as a contiguous [G] tensor (one value broadcast), or None."""
+def _per_group(name: str, v: torch.Tensor | None, g: int, op: str = "quantize_grouped") -> torch.Tensor | None:
+    """A per-group float32 argument as a contiguous [G] tensor (one value broadcast), or None."""
     if v is None:
         return None
     if not isinstance(v, torch.Tensor):
-        raise ValueError(f"quantize_grouped: {name} must be a float32 tensor [G] on x's device or None, got "
-                         f"{type(v).__name__}")
-    if v.dtype != torch.float32 or v.numel() not in (1, g):
-        raise ValueError(f"quantize_grouped: {name} must be float32 with G = {g} values (or one for every group), "
+        raise ValueError(f"{op}: {name} must be a float32 tensor [G] on x's device or None, got {type(v).__name__}")
+    if v.dtype != torch.float32 or v.numel() not in (1, g) or g < 1:
+        raise ValueError(f"{op}: {name} must be float32 with G = {g} values (or one for every group), "
                          f"got {v.dtype} of shape {tuple(v.shape)}")
     return v.detach().reshape(-1).expand(g).contiguous()
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor,
+    offs: torch.Tensor,
+    input_scale: torch.Tensor | None = None,
+    *,
+    weight_only: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The grouped form of `nvfp4_gemm.linear`: float activations x [T, K] (tokens sorted by group) times each
+    group's NVFP4 weight [G, N, K/2] with its blocked scales and per-tensor scale weight_scale_2 [G] (or one value).
+
+      * weight_only=True: x as it is (W4A16), alpha = weight_scale_2: `grouped_mm(x, weight, None, weight_scale, ...)`.
+      * W4A4 (the default): the bits of `quantize_grouped(x, offs, input_scale, weight_scale_2=weight_scale_2)`
+        followed by `grouped_mm` with that alpha; input_scale [G] (or one value) gives static per-group scales
+        (ModelOpt's per-expert input scales), None dynamic ones from each group's own rows. On CUDA the GEMM is
+        launched behind the quantization so that it streams its weights while A is quantized.
+    out_dtype: default x's dtype. No host sync; offs follows grouped_mm's rules.
+    """
+    g = offs.numel() if isinstance(offs, torch.Tensor) else 0
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    ws2 = _per_group("weight_scale_2", weight_scale_2, g, "grouped_linear")
+    if ws2 is None:
+        raise ValueError("grouped_linear: weight_scale_2 must be a float32 tensor [G] (or one value), got None")
+    if weight_only:
+        if input_scale is not None:
+            raise ValueError("grouped_linear: weight_only=True takes no input_scale (the activations are not quantized)")
+        return grouped_mm(x, weight, None, weight_scale, offs, alpha=ws2, out_dtype=out_dtype)
+    return torch.ops.nvfp4_gemm._grouped_linear.default(
+        x, weight, weight_scale, offs, _per_group("input_scale", input_scale, g, "grouped_linear"), ws2, out_dtype)
 
 
 # --- The reference ----------------------------------------------------------------------------------------
@@ -311,6 +345,19 @@ def _quantize_grouped_fake(x, offs, input_scale, weight_scale_2, sfa_rows):
             x.new_empty((offs.shape[0],), dtype=torch.float32))
 
 
+@torch.library.register_fake("nvfp4_gemm::_grouped_linear")
+def _grouped_linear_fake(x, b, sfb, offs, input_scale, weight_scale_2, out_dtype=None):
+    op = "nvfp4_gemm.grouped_linear"
+    _check_devices(x, b=b, sfb=sfb, offs=offs, input_scale=input_scale, weight_scale_2=weight_scale_2)
+    torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D [T, K], got {x.dim()}-D")
+    torch._check(x.dtype in _ACT_DTYPES, lambda: f"{op}: x must be float32, float16 or bfloat16, got {x.dtype}")
+    torch._check(b.dim() == 3, lambda: f"{op}: weight must be [G, N, K/2], got {b.dim()}-D")
+    torch._check(b.shape[2] * 2 == x.shape[1], lambda: f"{op}: weight's K {b.shape[2] * 2} != x's {x.shape[1]}")
+    dtype = x.dtype if out_dtype is None else out_dtype
+    torch._check(dtype in _OUT_DTYPES, lambda: f"{op}: out_dtype must be float16, bfloat16 or float32, got {dtype}")
+    return x.new_empty((x.shape[0], b.shape[1]), dtype=dtype)
+
+
 def grouped_backends() -> list[str]:
     """The arch backends whose modules brought grouped kernels (sm90, sm100), preferred first; the generic CUDA
     path and the CPU backend always run the grouped GEMM."""
@@ -322,5 +369,5 @@ def grouped_configs() -> dict[str, list[str]]:
     return {name: list(torch.ops.nvfp4_gemm._grouped_configs(name)) for name in grouped_backends()}
 
 
-__all__ = ["grouped_mm", "grouped_sfa_rows", "to_blocked_grouped", "quantize_grouped", "reference_grouped_mm",
-           "grouped_backends", "grouped_configs"]
+__all__ = ["grouped_mm", "grouped_linear", "grouped_sfa_rows", "to_blocked_grouped", "quantize_grouped",
+           "reference_grouped_mm", "grouped_backends", "grouped_configs"]

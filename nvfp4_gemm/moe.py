@@ -313,6 +313,7 @@ def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
 
 
 _GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
+_GROUPED_LINEAR = torch.ops.nvfp4_gemm._grouped_linear.default
 
 
 def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
@@ -475,6 +476,12 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     if part is not None:
         packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
+    if inp is not None and not uniform:
+        # per-expert static scales: quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is
+        # quantized)
+        rows = x if gather is None else x[gather]
+        return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, inp.float().contiguous(),
+                               ws2.float().contiguous(), out_dtype)
     # alpha = fl(input decode * weight_scale_2) per expert, as linear forms it
     packed, sfa, alpha = _quantized_a(x, routing, gather, uniform, inp, ws2.float().contiguous())
     return _grouped_mm(packed, b, sfa, sfb, routing.offs, alpha, out_dtype)

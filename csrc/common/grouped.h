@@ -40,13 +40,20 @@ struct GroupedProblem {
   int64_t sfa_rows;      // padded rows the sfa buffer holds (kE2m1 only)
   OutDtype out_dtype;
   AType a_type = AType::kE2m1;
+  // 1: the binding's promise that offs, b and sfb were final when the kernel ahead of this GEMM on the stream started
+  // waiting for its own predecessor: that kernel (the grouped quantization of A, launched just before by the same
+  // call) writes A, sfa and alpha only, and waits for the kernels before it before it lets this grid launch. A
+  // backend may then read offs and start loading B before its grid dependency resolves. 0: any input may be the
+  // kernel ahead's output.
+  int32_t offs_ready = 0;
 };
 
 // What an arch module adds for the grouped GEMM. Same conventions as BackendApi: plain C function
 // pointers, `why` / `err` filled on refusal. The binding layer picks a config through the same resolver as the
 // dense GEMM's (bindings/resolve.h).
 // v2: compiled_for and supports_sm, as BackendApi has them (the resolver's device check and messages).
-inline constexpr int32_t kGroupedAbiVersion = 2;
+// v3: GroupedProblem::offs_ready.
+inline constexpr int32_t kGroupedAbiVersion = 3;
 
 struct GroupedBackendApi {
   int32_t abi_version;               // kGroupedAbiVersion

@@ -273,6 +273,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Te
   return {packed, sf.view(at::kFloat8_e4m3fn), scale};
 }
 
+// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2) and then grouped_mm of its NVFP4
+// rows with its alpha (what the CUDA form equals bit for bit); every argument checked before any work.
+at::Tensor grouped_linear_cpu(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb, const at::Tensor& offs,
+                              const std::optional<at::Tensor>& input_scale, const at::Tensor& weight_scale_2,
+                              std::optional<at::ScalarType> out_dtype) {
+  const int64_t rows = grouped_sfa_rows_worst(x.dim() == 2 ? x.size(0) : 0, offs.numel());
+  check_quantize_grouped(x, offs, input_scale, weight_scale_2, rows);
+  const GroupedShape s = check_grouped_inputs(x, b, std::nullopt, sfb, offs, std::nullopt, out_dtype, nullptr,
+                                              /*gpu_rules=*/false);
+  const auto [packed, sfa, alpha] = quantize_grouped_cpu(x, offs, input_scale, weight_scale_2, rows);
+  return grouped_mm_cpu(packed, b, sfa, sfb, offs, alpha, s.out_dtype);
+}
+
 }  // namespace
 }  // namespace nvfp4_gemm
 
@@ -280,4 +293,5 @@ TORCH_LIBRARY_IMPL(nvfp4_gemm, CPU, m) {
   m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cpu);
   m.impl("grouped_mm_out", &nvfp4_gemm::grouped_mm_out_cpu);
   m.impl("_quantize_grouped", &nvfp4_gemm::quantize_grouped_cpu);
+  m.impl("_grouped_linear", &nvfp4_gemm::grouped_linear_cpu);
 }

@@ -278,6 +278,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
   gp.sfa_blocks = a4 ? static_cast<int>(p->sfa_rows / kSfAtomRows) : 1;
   gp.max_items = l.grid;
   gp.forced_splits = forced_grouped_splits().load(std::memory_order_relaxed);
+  gp.offs_ready = p->offs_ready;
   gp.out_mult = 128.0f;  // B decoded with 2^7 folded into its scales (sm90_wk.cuh)
   gp.out_dtype = p->out_dtype;
   if (gp.counter_slot < 0) {  // graph-capturable; only when the stream's slots have run out

@@ -80,6 +80,7 @@ struct GwkParams {
   int sfa_blocks;       // sfa_rows / 128 (e2m1 A)
   int max_items;        // split items the partial buffer holds (>= gridDim.x)
   int forced_splits;    // tests: > 0 forces this split count where the buffers allow it; 0: automatic
+  int offs_ready;       // GroupedProblem::offs_ready: offs, B and sfb may be read before the grid dependency resolves
   float out_mult;       // 2^7
   OutDtype out_dtype;
 };
@@ -208,8 +209,10 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
     cute::prefetch_tma_descriptor(&p.tmap_b);
   }
 
-  // The routing: offs may be the kernel ahead's output, as may A, B, the scales and alpha.
-  cudaGridDependencySynchronize();
+  // The routing: offs may be the kernel ahead's output, as may A, B, the scales and alpha. With offs_ready only A,
+  // sfa and alpha may be: the producer then streams the first stages' B and scales of B before it waits (below), and
+  // the consumers wait before their first stage (they read alpha and write C).
+  if (!p.offs_ready) cudaGridDependencySynchronize();
 
   // Scan of offs, each thread a contiguous run of groups: pass 1 the running max of the clamped ends (group
   // j's rows are [max(end_0 .. end_{j-1}), max(end_0 .. end_j)): a decrease makes an empty group), pass 2 the
@@ -257,6 +260,27 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
     if (lane == 0) {
       const int items = s_sched[0], rbs = s_sched[1], splits = s_sched[2], kb_per = s_sched[3];
       int s = 0, phase = 0, loads = 0, n = 0;
+      // A's box (and its scales) of stage s at K block kb.
+      auto load_a = [&](int s, int kb, int row0, const uint8_t* sfa) {
+        uint8_t* st = smem + s * kStage;
+        if constexpr (kA4) {
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + kAOff, kb * (kWkK / 2), row0);
+          bulk_copy_g2s(st + kAsfOff, sfa + static_cast<int64_t>(kb) * 4 * kSfAtomBytes, kWkSfBytes, &full_bar[s]);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + kAOff + q * kABox, kb * kWkK + q * 64, row0);
+        }
+      };
+      // offs_ready: the CTA's first STAGES stages get B and the scales of B at once, their A once the grid dependency
+      // has resolved (the kernel ahead may be writing A): those loads wait here, at most STAGES of them.
+      int pend_kb[STAGES], pend_row0[STAGES], npend = 0;
+      const uint8_t* pend_sfa[STAGES];
+      auto load_pending = [&]() {
+        cudaGridDependencySynchronize();
+        for (int x = 0; x < npend; ++x) load_a(x, pend_kb[x], pend_row0[x], pend_sfa[x]);  // stage x: the first ones
+        npend = 0;
+      };
       for (int w = blockIdx.x; w < items; w += gridDim.x) {
         const GwkItem it = gwk_item<TOKENS>(w, s_start, s_cum, s_pad, p.g, rbs, splits);
         const int kb0 = it.split * kb_per, nkb = min(kb_per, p.kblocks - kb0);
@@ -268,8 +292,12 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
           sfa = p.sfa + static_cast<int64_t>(blk) * p.sf_atoms * kSfAtomBytes;
         }
         for (int i = 0; i < nkb; ++i, ++loads) {
-          // The CTA's first stage alone, the rest once it has landed (sm90_wk.cuh, "Filling the pipeline").
-          if (loads == 1) Barrier::wait(&full_bar[0], 0);
+          if (p.offs_ready) {
+            if (loads == STAGES) load_pending();  // before the first stage is waited for again
+          } else if (loads == 1) {
+            // The CTA's first stage alone, the rest once it has landed (sm90_wk.cuh, "Filling the pipeline").
+            Barrier::wait(&full_bar[0], 0);
+          }
           EmptyBarrier::wait(&empty_bar[s], phase ^ 1);
           if (i == 0) {
             s_items[n] = GwkSlot{it, nkb};
@@ -281,18 +309,18 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
           Barrier::arrive_and_expect_tx(&full_bar[s], kStage);
           cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], 0, st, kb * (kWkK / 2), it.rb * kWkRows, it.g);
           bulk_copy_g2s(st + kSfOff, sfb + static_cast<int64_t>(kb) * 4 * kSfAtomBytes, kWkSfBytes, &full_bar[s]);
-          if constexpr (kA4) {
-            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + kAOff, kb * (kWkK / 2), it.row0);
-            bulk_copy_g2s(st + kAsfOff, sfa + static_cast<int64_t>(kb) * 4 * kSfAtomBytes, kWkSfBytes, &full_bar[s]);
+          if (p.offs_ready && loads < STAGES) {
+            pend_kb[npend] = kb;
+            pend_row0[npend] = it.row0;
+            pend_sfa[npend] = sfa;
+            ++npend;
           } else {
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              cute::SM90_TMA_LOAD_2D::copy(&p.tmap_a, &full_bar[s], 0, st + kAOff + q * kABox, kb * kWkK + q * 64,
-                                           it.row0);
+            load_a(s, kb, it.row0, sfa);
           }
           if (++s == STAGES) s = 0, phase ^= 1;
         }
       }
+      if (npend > 0) load_pending();  // a CTA of fewer than STAGES stages
     }
     return;
   }
@@ -317,6 +345,7 @@ __global__ void __launch_bounds__(kWkThreads, gwk_ctas(TOKENS)) gwk_kernel(const
   for (int mt = 0; mt < 4; ++mt) asm volatile("" : "+r"(sfo[mt][0]), "+r"(sfo[mt][1]));
   asm volatile("" : "+r"(b_off));
 
+  if (p.offs_ready) cudaGridDependencySynchronize();  // alpha and C, below, may be the kernel ahead's
   float* red = reinterpret_cast<float*>(smem + kRedOff);  // [ks][RT tokens][kWkRedStride]
   const int t = threadIdx.x;
   constexpr int kPer = TOKENS * kWkRows / kWkConsumers;  // values per thread: TOKENS / 2

@@ -53,16 +53,18 @@ void note_choice(const Choice& c, const GroupedProblem& p) {
   if (!noting_choices()) return;
   static constexpr const char* kATypeNames[] = {"e2m1", "f16", "bf16", "f32"};
   note_choice_line("grouped " + choice_name(c) + " a=" + kATypeNames[static_cast<int>(p.a_type)] + " " +
-                   shape_text(p) + " out=" + std::to_string(static_cast<int>(p.out_dtype)));
+                   shape_text(p) + " out=" + std::to_string(static_cast<int>(p.out_dtype)) +
+                   (p.offs_ready ? " after quantize_grouped" : ""));
 }
 
 OutDtype out_type(at::ScalarType t) {
   return t == at::kFloat ? OutDtype::kFloat32 : t == at::kBFloat16 ? OutDtype::kBFloat16 : OutDtype::kFloat16;
 }
 
+// offs_ready: GroupedProblem::offs_ready (only grouped_linear_cuda, which launched the quantization of A just ahead).
 void grouped_into(const GroupedShape& s, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& sfa,
                   const at::Tensor& sfb, const at::Tensor& offs, const std::optional<at::Tensor>& alpha,
-                  const at::Tensor& c) {
+                  const at::Tensor& c, bool offs_ready = false) {
   const int device_index = a.get_device();
   const DeviceInfo& dev = device_info(device_index);
   TORCH_CHECK(dev.sm >= 80, kOp, ": no usable kernel for this GPU (SM ", dev.sm / 10, ".", dev.sm % 10,
@@ -90,6 +92,7 @@ void grouped_into(const GroupedShape& s, const at::Tensor& a, const at::Tensor& 
              : a.scalar_type() == at::kHalf     ? AType::kFloat16
              : a.scalar_type() == at::kBFloat16 ? AType::kBFloat16
                                                 : AType::kFloat32;
+  p.offs_ready = offs_ready ? 1 : 0;
   const Choice choice = choose(p, dev);
   note_choice(choice, p);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -166,6 +169,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   return {packed, sf, scale};
 }
 
+// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2) and then grouped_mm of its NVFP4
+// rows with its alpha, bit for bit, as two launches back to back on the stream. The GEMM is told so
+// (GroupedProblem::offs_ready): the quantization kernels wait for the kernels ahead of them before they let the next
+// grid launch and write only A, its scales and alpha, so the GEMM may read offs and start streaming the weights while
+// A is being quantized. Every argument is checked before anything is launched.
+at::Tensor grouped_linear_cuda(const at::Tensor& x_in, const at::Tensor& b, const at::Tensor& sfb, const at::Tensor& offs,
+                               const std::optional<at::Tensor>& input_scale, const at::Tensor& weight_scale_2,
+                               std::optional<at::ScalarType> out_dtype) {
+  const int64_t rows = grouped_sfa_rows_worst(x_in.dim() == 2 ? x_in.size(0) : 0, offs.numel());
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, rows);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in;
+  const int64_t esize = static_cast<int64_t>(x.element_size());
+  if (!(x.stride(1) == 1 && (x.size(0) <= 1 || (x.stride(0) * esize) % 16 == 0) &&
+        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0))
+    x = x.clone(at::MemoryFormat::Contiguous);  // the kernels read 16-byte chunks, as quantize_grouped's copy
+  // x as the weight-only form's activations: b, sfb, offs and out_dtype under grouped_mm's rules
+  const GroupedShape s = check_grouped_inputs(x, b, std::nullopt, sfb, offs, std::nullopt, out_dtype, nullptr,
+                                              /*gpu_rules=*/true);
+  const auto [packed, sfa, alpha] = quantize_grouped_cuda(x, offs, input_scale, weight_scale_2, rows);
+  const GroupedShape q = check_grouped_inputs(packed, b, sfa, sfb, offs, alpha, s.out_dtype, nullptr, /*gpu_rules=*/true);
+  at::Tensor c = at::empty({q.t, q.n}, x.options().dtype(q.out_dtype));
+  if (q.t > 0 && q.n > 0) grouped_into(q, packed, b, sfa, sfb, offs, alpha, c, /*offs_ready=*/true);
+  return c;
+}
+
 // What grouped_mm would run for a problem of this shape on a device of SM version `sm` (132 SMs, an H100's shared
 // memory), under the forcing in effect: the same choose() over the same tables, with nothing on a device (the
 // operand pointers are placeholders that select / can_run only check for alignment). Returns the choice's line
@@ -213,4 +242,5 @@ TORCH_LIBRARY_IMPL(nvfp4_gemm, CUDA, m) {
   m.impl("grouped_mm", &nvfp4_gemm::grouped_mm_cuda);
   m.impl("grouped_mm_out", &nvfp4_gemm::grouped_mm_out_cuda);
   m.impl("_quantize_grouped", &nvfp4_gemm::quantize_grouped_cuda);
+  m.impl("_grouped_linear", &nvfp4_gemm::grouped_linear_cuda);
 }
