@@ -1,6 +1,6 @@
 """Grouped GEMM cases for compute-sanitizer (memcheck, racecheck): empty groups, one group holding every token,
 groups of one token, T not a multiple of anything, G = 1, both forms (W4A4, fp16 / bf16 weight-only), the
-grouped quantization, sfa sized for round_up(T,128) only while the routing needs more (NaN rows, nothing read
+grouped quantization, grouped_linear (the GEMM behind the quantization), sfa sized for round_up(T,128) only while the routing needs more (NaN rows, nothing read
 past the buffer) and garbage routing (decreasing, negative, past T). Each case is checked against the float64
 reference. Backend: NVFP4_GEMM_BACKEND as set (default auto; run once with generic and once with sm90). A forced
 backend skips the cases it has no kernel for (sm90: K not a multiple of 256), saying so:
@@ -88,6 +88,29 @@ def main() -> int:
                 packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, scale, weight_scale_2=ws2)
     torch.cuda.synchronize()
     print("quantize_grouped: done")
+
+    # grouped_linear (the GEMM launched behind the quantization, streaming B before its grid dependency resolves),
+    # static and dynamic, against quantize_grouped + grouped_mm bit for bit; groups of 0-9 rows, T not a multiple of 8,
+    # K of one stage and of many; then garbage offs.
+    for dtype in (torch.bfloat16, torch.float16):
+        for k in (256, 1024):
+            counts = [3, 0, 9, 1, 0, 4]
+            inputs = make_grouped_inputs(GroupedCase(sum(counts), 136, k, len(counts), counts=tuple(counts),
+                                                     a_dtype=dtype), "cuda", seed=4)
+            x, b, sfb, offs = inputs["a"], inputs["b"], inputs["sfb"], inputs["offs"]
+            w = torch.full((len(counts),), 0.01, device="cuda")
+            for s in (torch.full((len(counts),), 0.002, device="cuda"), None):
+                got = nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s)
+                packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, s, weight_scale_2=w)
+                want = nvfp4_gemm.grouped_mm(packed, b, sfa, sfb, offs, alpha=alpha, out_dtype=dtype)
+                if not torch.equal(got, want):
+                    failures += 1
+                    print(f"grouped_linear {dtype} K={k} static={s is not None}: differs from quantize_grouped + "
+                          "grouped_mm")
+                for bad in ([9, 4, 20, 17, 3, 17], [-5, 3, 99, 2, 0, 17]):
+                    nvfp4_gemm.grouped_linear(x, b, sfb, w, torch.tensor(bad, dtype=torch.int32, device="cuda"), s)
+    torch.cuda.synchronize()
+    print("grouped_linear: done")
     print("FAILURES:", failures)
     return 1 if failures else 0
 
