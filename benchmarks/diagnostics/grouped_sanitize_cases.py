@@ -1,7 +1,7 @@
 """Grouped GEMM cases for compute-sanitizer (memcheck, racecheck): empty groups, one group holding every token,
 groups of one token, T not a multiple of anything, G = 1, both forms (W4A4, fp16 / bf16 weight-only), the
-grouped quantization, grouped_linear (the GEMM behind the quantization), sfa sized for round_up(T,128) only while the routing needs more (NaN rows, nothing read
-past the buffer) and garbage routing (decreasing, negative, past T). Each case is checked against the float64
+grouped quantization, grouped_linear (the GEMM behind the quantization), sfa sized for round_up(T,128) only while
+the routing needs more (NaN rows, nothing read past the buffer) and garbage routing (decreasing, negative, past T). Each case is checked against the float64
 reference. Backend: NVFP4_GEMM_BACKEND as set (default auto; run once with generic and once with sm90). A forced
 backend skips the cases it has no kernel for (sm90: K not a multiple of 256), saying so:
 
