@@ -131,6 +131,15 @@ void grouped_mm_out_cuda(const at::Tensor& a, const at::Tensor& b, const std::op
   if (s.t > 0 && s.n > 0) grouped_into(s, a, b, sfa, sfb, offs, alpha, out);
 }
 
+// x [T, K] as the quantization kernels read it: 16-byte chunks, so unit stride along K, 16-byte aligned rows and base;
+// anything else is copied once (a fresh allocation is 16-byte aligned).
+at::Tensor kernel_rows(const at::Tensor& x) {
+  const int64_t esize = static_cast<int64_t>(x.element_size());
+  const bool aligned = x.stride(1) == 1 && (x.size(0) <= 1 || (x.stride(0) * esize) % 16 == 0) &&
+                       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  return x.size(0) == 0 || aligned ? x : x.clone(at::MemoryFormat::Contiguous);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::Tensor& x_in, const at::Tensor& offs,
                                                                      const std::optional<at::Tensor>& input_scale,
                                                                      const std::optional<at::Tensor>& weight_scale_2,
@@ -144,15 +153,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   const int sm = device_info(x_in.get_device()).sm;
   TORCH_CHECK(sm >= 80, "nvfp4_gemm.quantize_grouped: the CUDA kernels need SM >= 8.0, this GPU is SM ", sm / 10, ".",
               sm % 10, "; move the tensors to the CPU");
-  // The kernels read 16-byte chunks: unit stride along K, 16-byte aligned rows and base; anything else is copied
-  // once (a fresh allocation is 16-byte aligned).
-  at::Tensor x = x_in;
-  const int64_t esize = static_cast<int64_t>(x.element_size());
-  const auto aligned = [&](const at::Tensor& v) {
-    return v.stride(1) == 1 && (t <= 1 || (v.stride(0) * esize) % 16 == 0) &&
-           reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0;
-  };
-  if (t > 0 && !aligned(x)) x = x.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor x = kernel_rows(x_in);
   const quant::InDtype dt = x.scalar_type() == at::kFloat  ? quant::InDtype::kFloat32
                             : x.scalar_type() == at::kHalf ? quant::InDtype::kFloat16
                                                            : quant::InDtype::kBFloat16;
@@ -180,11 +181,7 @@ at::Tensor grouped_linear_cuda(const at::Tensor& x_in, const at::Tensor& b, cons
   const int64_t rows = grouped_sfa_rows_worst(x_in.dim() == 2 ? x_in.size(0) : 0, offs.numel());
   check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, rows);
   const c10::cuda::CUDAGuard guard(x_in.device());
-  at::Tensor x = x_in;
-  const int64_t esize = static_cast<int64_t>(x.element_size());
-  if (!(x.stride(1) == 1 && (x.size(0) <= 1 || (x.stride(0) * esize) % 16 == 0) &&
-        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0))
-    x = x.clone(at::MemoryFormat::Contiguous);  // the kernels read 16-byte chunks, as quantize_grouped's copy
+  const at::Tensor x = kernel_rows(x_in);
   // x as the weight-only form's activations: b, sfb, offs and out_dtype under grouped_mm's rules
   const GroupedShape s = check_grouped_inputs(x, b, std::nullopt, sfb, offs, std::nullopt, out_dtype, nullptr,
                                               /*gpu_rules=*/true);
