@@ -36,11 +36,12 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
 CONFIGS = (-1, 0, 1)  # select's pick, the 8- and 16-token configs
-# The wgmma configs (64-, 128- and 80-row token tiles), by index and name.
+# The wgmma configs (64-, 128-, 80- and 256-row token tiles), by index and name.
 WGMMA_CONFIGS = {2: "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_grouped_w128xt128xk128_s5_b1_ws_rs",
-                 4: "sm90_nvfp4_grouped_w128xt80xk256_s3_b1_ws_rs"}
+                 4: "sm90_nvfp4_grouped_w128xt80xk256_s3_b1_ws_rs", 5: "sm90_nvfp4_grouped_w128xt256xk128_s3_b1_ws_rs"}
 # The dense configs whose pipelines they share.
-DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs"}
+DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs",
+            5: "sm90_nvfp4_w128xt256xk128_s3_b1_ws_rs"}
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +212,7 @@ def test_select_rows_per_group(a_kind):
         check_grouped(x, run_grouped(x), f"select counts {counts}")
 
 
-@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128", "t80"])
+@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128", "t80", "t256"])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_random_routings(a_kind, config):
     """A wgmma config on routings of tens to hundreds of rows per group (uniform and skewed: empty groups, one
@@ -235,7 +236,7 @@ def test_wgmma_config_random_routings(a_kind, config):
     assert any(WGMMA_CONFIGS[2] in line for line in lines), lines
 
 
-@pytest.mark.parametrize("config", sorted(DENSE_OF), ids=["t64", "t128"])
+@pytest.mark.parametrize("config", sorted(DENSE_OF), ids=["t64", "t128", "t256"])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):
     """Each group's rows are bit for bit the dense wgmma config's of the same pipeline on that group alone (one

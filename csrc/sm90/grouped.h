@@ -21,14 +21,15 @@
 #define NVFP4_SM90_GROUPED_WGMMA_CONFIGS(X) \
   X(64, 256, 4)                             \
   X(128, 128, 5)                            \
-  X(80, 256, 3)
+  X(80, 256, 3)                             \
+  X(256, 128, 3)
 
 #define NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S) "sm90_nvfp4_grouped_w128xt" #T "xk" #KT "_s" #S "_b1_ws_rs"
 
 namespace nvfp4_gemm::sm90 {
 const GroupedBackendApi& grouped_api();
 
-inline constexpr int kNumGroupedWgmma = 3;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
+inline constexpr int kNumGroupedWgmma = 4;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
 
 // A wgmma grouped config's own conditions (wgmma_config: its index in NVFP4_SM90_GROUPED_WGMMA_CONFIGS), beyond the
 // grouped table's common ones (grouped_backend.cu check): true, or false with the reason in `why`.

@@ -60,7 +60,7 @@ constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_G
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
-constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2;
+constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -91,6 +91,8 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 constexpr int64_t kWgmma64FromRowsPerGroup = 40;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
 constexpr int64_t kWgmma128FromRowsPerGroup = 512;
+// The 256-token config (the dense large-M pipeline: each decoded B fragment feeds 256 rows of a group).
+constexpr int64_t kWgmma256FromRowsPerGroup = 512;
 
 // A failed runtime call's error, also taken out of the thread's last-error slot.
 cudaError_t consumed(cudaError_t e) {
@@ -172,7 +174,8 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
-  for (const auto& [config, from] : {std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
+  for (const auto& [config, from] : {std::pair{kWgmma256, kWgmma256FromRowsPerGroup},
+                                     std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
                                      std::pair{kWgmma80, kWgmma80FromRowsPerGroup},
                                      std::pair{kWgmma64, kWgmma64FromRowsPerGroup}})
     if (p->t >= from * p->g && check(p, config, dev, nullptr, 0)) return config;

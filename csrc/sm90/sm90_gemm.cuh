@@ -124,9 +124,8 @@ inline constexpr int kWgmmaMaxGroups = 512;
 // [first[g], first[g + 1]) (its token tiles times the B-row tiles, token tile major) and rows
 // [row0[g], row0[g] + rows[g]) (build_grouped_tiles).
 struct GroupedTiles {
-  int first[kWgmmaMaxGroups + 1];
-  int row0[kWgmmaMaxGroups];
-  int rows[kWgmmaMaxGroups];
+  int first[kWgmmaMaxGroups + 1];  // group g's tiles are [first[g], first[g + 1])
+  int end[kWgmmaMaxGroups];        // group g's rows are [end[g - 1], end[g]) (end[-1] = 0)
 };
 
 // A tile of the grouped form: its group, B-row tile, first A row and the group's end row.
@@ -298,14 +297,13 @@ __device__ __forceinline__ float4 sum_in_order(int n, Load load) {
 template <int TOKENS>
 __device__ __forceinline__ int build_grouped_tiles(const GemmParams& p, GroupedTiles& gt) {
   const int groups = p.groups, t = p.m;
-  for (int g = threadIdx.x; g < groups; g += kThreads) gt.rows[g] = min(max(p.offs[g], 0), t);  // the ends, first
+  for (int g = threadIdx.x; g < groups; g += kThreads) gt.end[g] = min(max(p.offs[g], 0), t);
   __syncthreads();
   if (threadIdx.x < 32) {
     scan_groups<int>(
-        gt.rows, groups, [&](int start, int end) { return (end - start + TOKENS - 1) / TOKENS * p.tiles_w; },
-        [&](int g, int start, int end, int before, int n) {
-          gt.row0[g] = start;
-          gt.rows[g] = end - start;
+        gt.end, groups, [&](int start, int end) { return (end - start + TOKENS - 1) / TOKENS * p.tiles_w; },
+        [&](int g, int, int end, int before, int n) {
+          gt.end[g] = end;  // the running max, in place
           gt.first[g + 1] = before + n;
         });
     if (threadIdx.x == 0) gt.first[0] = 0;
@@ -323,7 +321,8 @@ __device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int 
     if (gt.first[mid] <= tile) lo = mid; else hi = mid;
   }
   const int local = tile - gt.first[lo];
-  return {lo, local % tiles_w, gt.row0[lo] + local / tiles_w * TOKENS, gt.row0[lo] + gt.rows[lo]};
+  const int row0 = lo > 0 ? gt.end[lo - 1] : 0;
+  return {lo, local % tiles_w, row0 + local / tiles_w * TOKENS, gt.end[lo]};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -804,6 +803,8 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
   static_assert(!GROUPED || CTAS_PER_SM * (smem + 1024 + sizeof(GroupedTiles)) <= 233472,
                 "the grouped form's work list fits beside the pipeline");
+  static_assert(!GROUPED || smem + round_up(int{sizeof(GroupedTiles)} + 16, 1024) <= 232448,
+                "a CTA's dynamic and static shared memory within the per-block opt-in (227 KB)");
   if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>(); err != cudaSuccess)
     return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
