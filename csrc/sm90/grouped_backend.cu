@@ -91,8 +91,12 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 constexpr int64_t kWgmma64FromRowsPerGroup = 40;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
 constexpr int64_t kWgmma128FromRowsPerGroup = 512;
-// The 256-token config (the dense large-M pipeline: each decoded B fragment feeds 256 rows of a group).
-constexpr int64_t kWgmma256FromRowsPerGroup = 512;
+// The 256-token config (the dense large-M pipeline: each decoded B fragment feeds 256 rows of a group) against the
+// 80-token / 128-token ones, same run (layer us, bf16 A): 64 rows 489.5 / 280.8 / 352.3 (Qwen3, 1024 tokens); 128
+// rows 548.4 / 592.6 / 580.2 (Qwen3, 2048) and 952.2 / 1007.0 / 1072.3 (Mixtral, 512); 192 rows 958.5 / 1484.2 /
+// 1460.2 (Mixtral, 768); 256 rows 999.5 / 1131.2 / - (Qwen3, 4096) and 1712.1 / 2000.8 / 2041.4 (Mixtral, 1024);
+// 512 rows 2650.4 / 3756.1 / 3471.1 (Mixtral, 2048); 1024 rows 5145.4 / 8268.1 / 7109.8 (Mixtral, 4096).
+constexpr int64_t kWgmma256FromRowsPerGroup = 128;
 
 // A failed runtime call's error, also taken out of the thread's last-error slot.
 cudaError_t consumed(cudaError_t e) {
