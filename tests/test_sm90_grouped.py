@@ -236,6 +236,20 @@ def test_wgmma_config_random_routings(a_kind, config):
     assert any(WGMMA_CONFIGS[2] in line for line in lines), lines
 
 
+@pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
+def test_select_wgmma_tile_by_rows_per_group(a_kind):
+    """select's wgmma tiles by average rows per group (grouped_backend.cu): the 128-token one from 80, the 80-token
+    one again from 120 (two 80-row tiles hold a group of ~128 whole), the 256-token one from 160; each against the
+    reference."""
+    for counts, config in (([100, 0, 150, 130], 3), ([130, 120, 125, 135], 4), ([300, 0, 200, 200], 5)):
+        x = make_grouped(counts, 264, 512, a_kind, out_dtype=BF16, seed=sum(counts))
+        with nvfp4_gemm.testing.recorded_choices() as lines:
+            out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"],
+                                        out_dtype=BF16)
+        check_grouped(x, out, f"select counts {counts}")
+        assert any(WGMMA_CONFIGS[config] in line for line in lines), (counts, lines)
+
+
 @pytest.mark.parametrize("config", sorted(DENSE_OF), ids=["t64", "t128", "t256"])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):

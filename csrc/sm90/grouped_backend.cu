@@ -86,17 +86,31 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // against the 64-token one, same run: 64 rows 332.4 / 450.8 (Qwen3, 1024) and 563.2 / 737.4 (Mixtral, 256); 128
 // rows 649.7 / 745.3 (Qwen3, 2048); 256 rows 2166 / 2308 (Mixtral, 1024, where the 128-token config took 2264); 512
 // rows 4322 / 4654 (Mixtral, 2048). It takes over from 56 rows per group (where about one group in seven outgrows a
-// 64-row tile; 40-56 not measured), the 128-token config only from 512 (it won at 1024 rows, lost to the 80-token
-// one at 256).
+// 64-row tile; 40-56 not measured).
+// The 256-token config (the dense large-M pipeline: each decoded B fragment feeds 256 rows of a group), against the
+// 80-token and 128-token ones in the same runs (layer us, bf16 A, t80 / t128 / t256; groups of a uniform routing
+// hold their average +- a few sqrt(average) rows):
+//    64 rows  280.8 /   352.3 /   489.5 (Qwen3, 1024 tokens)
+//    80 rows  399.5 /   360.0 /   492.3 (Qwen3, 1280)      721.1 /  653.8 /  946.5 (Mixtral, 320)
+//    96 rows  553.3 /   383.3 /   509.1 (Qwen3, 1536)      952.8 /  653.2 /  954.3 (Mixtral, 384)
+//             9590 /   7056 /  10764 (DeepSeek-V3, 3072)
+//   112 rows  575.2 /   424.0 /   526.9 (Qwen3, 1792)     1047.2 /  717.4 /  948.0 (Mixtral, 448)
+//   128 rows  592.6 /   580.2 /   548.4 (Qwen3, 2048)     1008.1 / 1016.0 /  938.5 (Mixtral, 512)
+//             9986 /  11415 /  12267 (DeepSeek-V3, 4096)
+//   192 rows 1484.2 /  1460.2 /   958.5 (Mixtral, 768)
+//   256 rows 1131.2 /      - /   999.5 (Qwen3, 4096)     2000.8 / 2041.4 / 1712.1 (Mixtral, 1024)
+//   512 rows 3756.1 /  3471.1 /  2650.4 (Mixtral, 2048)
+//  1024 rows 8268.1 /  7109.8 /  5145.4 (Mixtral, 4096)
+// So the 128-token tile from 80 rows, where a group needs one of it and two of 80; near 128 rows, where half the
+// groups spill a few rows into a second 128-row tile, two 80-row tiles hold a group whole (DeepSeek-V3's long-K
+// experts, MMA-bound, lose 14% in the spill; Qwen3 and Mixtral are within 8% either way): the 80-token config again
+// from 120; the 256-token one from 160, where every group needs two 128-row tiles or one of 256, and decoding B once
+// for all of them wins. 136-160 rows not measured.
 constexpr int64_t kWgmma64FromRowsPerGroup = 40;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
-constexpr int64_t kWgmma128FromRowsPerGroup = 512;
-// The 256-token config (the dense large-M pipeline: each decoded B fragment feeds 256 rows of a group) against the
-// 80-token / 128-token ones, same run (layer us, bf16 A): 64 rows 489.5 / 280.8 / 352.3 (Qwen3, 1024 tokens); 128
-// rows 548.4 / 592.6 / 580.2 (Qwen3, 2048) and 952.2 / 1007.0 / 1072.3 (Mixtral, 512); 192 rows 958.5 / 1484.2 /
-// 1460.2 (Mixtral, 768); 256 rows 999.5 / 1131.2 / - (Qwen3, 4096) and 1712.1 / 2000.8 / 2041.4 (Mixtral, 1024);
-// 512 rows 2650.4 / 3756.1 / 3471.1 (Mixtral, 2048); 1024 rows 5145.4 / 8268.1 / 7109.8 (Mixtral, 4096).
-constexpr int64_t kWgmma256FromRowsPerGroup = 128;
+constexpr int64_t kWgmma128FromRowsPerGroup = 80;
+constexpr int64_t kWgmma80AgainFromRowsPerGroup = 120;
+constexpr int64_t kWgmma256FromRowsPerGroup = 160;
 
 // A failed runtime call's error, also taken out of the thread's last-error slot.
 cudaError_t consumed(cudaError_t e) {
@@ -179,6 +193,7 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   for (const auto& [config, from] : {std::pair{kWgmma256, kWgmma256FromRowsPerGroup},
+                                     std::pair{kWgmma80, kWgmma80AgainFromRowsPerGroup},
                                      std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
                                      std::pair{kWgmma80, kWgmma80FromRowsPerGroup},
                                      std::pair{kWgmma64, kWgmma64FromRowsPerGroup}})
