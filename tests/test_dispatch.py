@@ -144,9 +144,10 @@ def test_grouped_forcing_on_sm90(monkeypatch):
         pytest.skip("this build has no sm90 grouped kernels")
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-    t8, t16, w64, w128, w80 = grouped_configs()["sm90"]
+    t8, t16, w64, w128, w80, w256 = grouped_configs()["sm90"]
     # Automatic: T < 8 G the 8-token config, from 8 G the 16-token one, from 40 G the 64-token wgmma one, from 56 G
-    # the 80-token one, from 512 G the 128-token one (G <= 512); generic where sm90 cannot run it.
+    # the 80-token one, from 80 G the 128-token one, from 120 G the 80-token one again, from 160 G the 256-token one
+    # (G <= 512); generic where sm90 cannot run it.
     assert op(90, 31, 128, 256, 4, "e2m1") == f"sm90:{t8}"
     assert op(90, 32, 128, 256, 4, "bf16") == f"sm90:{t16}"
     assert op(90, 159, 128, 256, 4, "bf16") == f"sm90:{t16}"
@@ -155,9 +156,13 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     assert op(90, 160, 128, 256, 4, "e2m1") == f"sm90:{w64}"
     assert op(90, 223, 128, 256, 4, "bf16") == f"sm90:{w64}"
     assert op(90, 224, 128, 256, 4, "bf16") == f"sm90:{w80}"
-    assert op(90, 2047, 128, 256, 4, "e2m1") == f"sm90:{w80}"
-    assert op(90, 2048, 128, 256, 4, "bf16") == f"sm90:{w128}"
-    assert op(90, 2048, 128, 256, 4, "e2m1") == f"sm90:{w128}"
+    assert op(90, 319, 128, 256, 4, "e2m1") == f"sm90:{w80}"
+    assert op(90, 320, 128, 256, 4, "bf16") == f"sm90:{w128}"
+    assert op(90, 479, 128, 256, 4, "e2m1") == f"sm90:{w128}"
+    assert op(90, 480, 128, 256, 4, "bf16") == f"sm90:{w80}"
+    assert op(90, 639, 128, 256, 4, "f16") == f"sm90:{w80}"
+    assert op(90, 640, 128, 256, 4, "bf16") == f"sm90:{w256}"
+    assert op(90, 2048, 128, 256, 4, "e2m1") == f"sm90:{w256}"
     assert op(90, 640 * 512, 128, 256, 640, "bf16") == f"sm90:{t16}"  # more groups than the wgmma configs take
     assert op(90, 64, 128, 96, 4, "e2m1") == "generic:grouped_simt_64x64"  # K % 256 != 0
     assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
