@@ -122,10 +122,11 @@ inline constexpr int kWgmmaMaxGroups = 512;
 
 // The grouped form's work list, built by every CTA from offs at its start: group g owns tiles
 // [first[g], first[g + 1]) (its token tiles times the B-row tiles, token tile major) and rows
-// [row0[g], row0[g] + rows[g]) (build_grouped_tiles).
+// [end[g - 1], end[g]) (end[-1] = 0; build_grouped_tiles). Two arrays, not three (a group's first row is the
+// previous group's end), so that the 256-token pipeline and the list fit the 227 KB a CTA may hold.
 struct GroupedTiles {
-  int first[kWgmmaMaxGroups + 1];  // group g's tiles are [first[g], first[g + 1])
-  int end[kWgmmaMaxGroups];        // group g's rows are [end[g - 1], end[g]) (end[-1] = 0)
+  int first[kWgmmaMaxGroups + 1];
+  int end[kWgmmaMaxGroups];
 };
 
 // A tile of the grouped form: its group, B-row tile, first A row and the group's end row.
