@@ -802,10 +802,8 @@ cudaError_t allow_gemm_smem() {
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
 cudaError_t launch_gemm(const LaunchArgs& args) {
   constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
-  static_assert(!GROUPED || CTAS_PER_SM * (smem + 1024 + sizeof(GroupedTiles)) <= 233472,
-                "the grouped form's work list fits beside the pipeline");
-  static_assert(!GROUPED || smem + round_up(int{sizeof(GroupedTiles)} + 16, 1024) <= 232448,
-                "a CTA's dynamic and static shared memory within the per-block opt-in (227 KB)");
+  static_assert(!GROUPED || (CTAS_PER_SM == 1 && smem + round_up(int{sizeof(GroupedTiles)} + 16, 1024) <= 232448),
+                "the grouped form's work list beside the pipeline, within a CTA's 227 KB of shared memory");
   if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>(); err != cudaSuccess)
     return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
