@@ -334,13 +334,17 @@ def _x(t, k, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("ws2", [False, True])
 @pytest.mark.parametrize("mode", ["static", "dynamic", "static_scalar"])
-@pytest.mark.parametrize("t,k,g", [(90, 96, 5), (700, 1040, 4)])
+@pytest.mark.parametrize("t,k,g", [(90, 96, 5), (700, 1040, 4), (200, 1040, 20), (900, 96, 300)])
 def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g, ws2):
     """Bits equal per-group quantize placed by to_blocked_grouped, every byte of sfa included (the CUDA caching
     allocator hands the outputs memory poisoned with 0xFF first); the third output is each group's decode scale, or
     with weight_scale_2 the float32 product decode * weight_scale_2. K = 96 / 1040: a last atom column of 2 / 1
-    scale columns; (90, 96, 5): one CTA a group on CUDA (dynamic: the amax inside the quantizing launch);
-    (700, 1040, 4): several CTAs share each group (dynamic: an amax launch ahead)."""
+    scale columns. On CUDA (a CTA takes ~120 rows at K = 96, ~14 at K = 1040, a group of one row at K = 1040 one
+    CTA): (90, 96, 5) one CTA a group (dynamic: the amax inside the quantizing launch); (700, 1040, 4) several CTAs
+    share each group (dynamic: an amax launch ahead, as 700 rows in one group would take more than 16 CTAs);
+    (200, 1040, 20) no amax launch (200 rows are 14 CTAs' work), while the skewed routing's popular groups take
+    several (dynamic: each of their CTAs forms the group's amax over all its rows); (900, 96, 300) more groups than a
+    CTA's threads, so each CTA's search for its share spans two chunks of groups."""
     gen = torch.Generator().manual_seed(11)
     counts = routing_counts(t, g, "skewed", gen)
     counts[1] = 0  # an empty group too

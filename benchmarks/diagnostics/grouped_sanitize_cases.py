@@ -86,6 +86,13 @@ def main() -> int:
         for scale in (None, torch.full((g,), 0.01, device="cuda")):
             for ws2 in (None, torch.full((g,), 0.5, device="cuda")):
                 packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, scale, weight_scale_2=ws2)
+    # Garbage routing into the grouped quantization (decreasing, negative, past T; overlapping groups that would need
+    # more CTAs than the launch holds): wrong rows, no fault, no write past the outputs.
+    x = torch.randn(100, 256, device="cuda", dtype=torch.bfloat16)
+    for bad in ([60, 10, -5, 100], [1000, 2000, 100], [-7, -7, -7], [100, 0, 100, 0, 100, 0, 100]):
+        offs = torch.tensor(bad, dtype=torch.int32, device="cuda")
+        for scale in (None, torch.full((len(bad),), 0.01, device="cuda")):
+            nvfp4_gemm.quantize_grouped(x, offs, scale)
     torch.cuda.synchronize()
     print("quantize_grouped: done")
 
