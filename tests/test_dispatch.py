@@ -145,15 +145,15 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
     t8, t16, w64, w128, w80, w256 = grouped_configs()["sm90"]
-    # Automatic: T < 8 G the 8-token config, from 8 G the 16-token one, from 40 G the 64-token wgmma one, from 56 G
+    # Automatic: T < 8 G the 8-token config, from 8 G the 16-token one, from 24 G the 64-token wgmma one, from 56 G
     # the 80-token one, from 80 G the 128-token one, from 120 G the 80-token one again, from 160 G the 256-token one
     # (G <= 512); generic where sm90 cannot run it.
     assert op(90, 31, 128, 256, 4, "e2m1") == f"sm90:{t8}"
     assert op(90, 32, 128, 256, 4, "bf16") == f"sm90:{t16}"
-    assert op(90, 159, 128, 256, 4, "bf16") == f"sm90:{t16}"
-    assert op(90, 160, 128, 256, 4, "bf16") == f"sm90:{w64}"
-    assert op(90, 160, 128, 256, 4, "f16") == f"sm90:{w64}"
-    assert op(90, 160, 128, 256, 4, "e2m1") == f"sm90:{w64}"
+    assert op(90, 95, 128, 256, 4, "bf16") == f"sm90:{t16}"
+    assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{w64}"
+    assert op(90, 96, 128, 256, 4, "f16") == f"sm90:{w64}"
+    assert op(90, 96, 128, 256, 4, "e2m1") == f"sm90:{w64}"
     assert op(90, 223, 128, 256, 4, "bf16") == f"sm90:{w64}"
     assert op(90, 224, 128, 256, 4, "bf16") == f"sm90:{w80}"
     assert op(90, 319, 128, 256, 4, "e2m1") == f"sm90:{w80}"

@@ -77,8 +77,21 @@ static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFl
 // against 203.3 / 596.1 / 5404) and was removed.
 constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // Rows per group (on average) from which the wgmma configs run, each B tile decoded once per 64 or
-// 128 rows of a group instead of once per 16. Measured (H200, MoE layer gate_up + down, bf16 A, each config forced;
-// 16-token / 64-token / 128-token config, us): 16 rows per group 203.1 / 293.6 / 472.8 (Qwen3-30B-A3B, 256 tokens);
+// 128 rows of a group instead of once per 16. The K-sliced 16-token config against the 64-token wgmma one (H200, MoE
+// layer gate_up + down, each config forced, layer us, bf16 / e2m1 A; since the wgmma producer's lookup decode):
+//    8 rows  142.3 /  150.6 vs  236.8 /  239.8 (Qwen3-30B-A3B, 128 tokens)   2053 / 2192 vs 3793 / 3578 (DeepSeek-V3)
+//   16 rows  204.8 /  221.9 vs  238.8 /  243.2 (Qwen3, 256)                   3228 / 3422 vs 3953 / 3837 (DeepSeek-V3)
+//            459.9 /  499.6 vs  444.6 /  446.2 (Mixtral-8x7B, 64)
+//   20 rows  248.9 /  267.2 vs  242.1 /  245.0 (Qwen3, 320)                   4070 / 4222 vs 3954 / 3754 (DeepSeek-V3)
+//            502.6 /  549.2 vs  446.1 /  448.1 (Mixtral, 80)
+//   24 rows  281.2 (bf16) vs 239.6 (Qwen3, 384), 4583 vs 3957 (DeepSeek-V3, 768), 555.0 vs 447.3 (Mixtral, 96)
+//   32 rows  336.4 vs 242.6 (Qwen3, 512), 5383 vs 4867 (DeepSeek-V3, 1024), 719.5 vs 447.7 (Mixtral, 128)
+// (the 16-token one's decode per 16 rows grows with the rows, the 64-token one's time stays flat until its tile
+// fills). Under skew (bench_moe's Zipf routing, w4a16, us, 16-token / 64-token): 20 rows 249.9 / 260.2 (Qwen3),
+// 498.3 / 446.6 (Mixtral), 3885 / 4707 (DeepSeek-V3, where the many small groups each pay a 64-row tile); 24 rows
+// 277.2 / 278.0, 528.8 / 565.6, 4446 / 4400; 32 rows 344.4 / 295.3, 720.9 / 566.0, 5393 / 4803. So the 64-token
+// one from 24 rows: uniform routing gains 9-37% from there; skew costs up to 7% at 24 and gains 11-21% from 32.
+// Before that decode (history): 16-token / 64-token / 128-token config:
 // 32 rows 5240 / 5353 / 8571 (DeepSeek-V3, 1024); 64 rows 596.3 / 442.4 / 488.1 (Qwen3, 1024) and 1208 / 693.5 /
 // 808.4 (Mixtral-8x7B, 256); 128 rows 18071 / 13150 / 13920 (DeepSeek-V3, 4096); 256 rows 2168 / 1296 / 1191
 // (Qwen3, 4096) and 4346 / 2231 / 2264 (Mixtral, 1024); 1024 rows 16964 / 8429 / 7570 (Mixtral, 4096).
@@ -106,7 +119,7 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // experts, MMA-bound, lose 14% in the spill; Qwen3 and Mixtral are within 8% either way): the 80-token config again
 // from 120; the 256-token one from 160, where every group needs two 128-row tiles or one of 256, and decoding B once
 // for all of them wins. 136-160 rows not measured.
-constexpr int64_t kWgmma64FromRowsPerGroup = 40;
+constexpr int64_t kWgmma64FromRowsPerGroup = 24;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
 constexpr int64_t kWgmma128FromRowsPerGroup = 80;
 constexpr int64_t kWgmma80AgainFromRowsPerGroup = 120;
@@ -322,7 +335,7 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 40 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
+         "T >= 24 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
          "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
          "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
