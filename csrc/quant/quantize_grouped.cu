@@ -6,10 +6,9 @@
 // find its group, its part, and the group's padded start, with no routing prologue, no memset and no search per
 // element. With dynamic scales a group's amax comes first: from a launch of its own ahead where a group may need more
 // than kInCtaAmaxCtas CTAs; otherwise (decode, a few rows in all) inside the same launch, each CTA of a group over
-// all the group's rows. A thread quantizes one block of 16 elements and stores
-// its scale byte where blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a
-// store where a whole chunk is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every
-// CTA together. Each group's third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM
+// all the group's rows. A thread quantizes one block of 16 elements and stores its scale byte where
+// blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk
+// is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every CTA together. Each group's third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM
 // reads it as it is (the decode scale itself where no weight_scale_2 is given). Both kernels are programmatic
 // dependents (quant/pdl.cuh): the grouped GEMM behind them launches while they run.
 #include "quant/quantize_grouped.h"
