@@ -148,9 +148,10 @@ def quantize_grouped(
     dense layer), so grouped_mm takes it as it is; None: each group's DECODE scale (alpha is then
     decode * weight_scale_2, the same float32 product).
 
-    One native call, no host sync. On CUDA one launch, CTAs per group, that writes the packed rows and every byte
-    of sfa (with dynamic scales, a group worked by several CTAs takes its amax from a launch ahead); a programmatic
-    dependent launch, so the grouped GEMM behind it starts while it runs. Offsets follow grouped_mm's CUDA rules
+    One native call, no host sync. On CUDA one launch that writes the packed rows and every byte of sfa, each group
+    worked by CTAs of its own, as many as its rows need, so a skewed routing's popular group is spread like any other
+    (with dynamic scales, unless all the rows are a few CTAs' work, the groups' amax comes from a launch ahead); a
+    programmatic dependent launch, so the grouped GEMM behind it starts while it runs. Offsets follow grouped_mm's CUDA rules
     (clamped, a decrease is an empty group); rows whose scales would lie past sfa_rows are not quantized (their
     GEMM rows then come out NaN on CUDA).
     """
