@@ -151,9 +151,9 @@ def quantize_grouped(
     One native call, no host sync. On CUDA one launch that writes the packed rows and every byte of sfa, each group
     worked by CTAs of its own, as many as its rows need, so a skewed routing's popular group is spread like any other
     (with dynamic scales, unless all the rows are a few CTAs' work, the groups' amax comes from a launch ahead); a
-    programmatic dependent launch, so the grouped GEMM behind it starts while it runs. Offsets follow grouped_mm's CUDA rules
-    (clamped, a decrease is an empty group); rows whose scales would lie past sfa_rows are not quantized (their
-    GEMM rows then come out NaN on CUDA).
+    programmatic dependent launch, so the grouped GEMM behind it starts while it runs. Offsets follow grouped_mm's
+    CUDA rules (clamped, a decrease is an empty group); rows whose scales would lie past sfa_rows are not quantized
+    (their GEMM rows then come out NaN on CUDA).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_grouped: x must be 2-D [T, K], got shape {tuple(x.shape)}")

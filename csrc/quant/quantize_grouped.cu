@@ -8,9 +8,10 @@
 // than kInCtaAmaxCtas CTAs; otherwise (decode, a few rows in all) inside the same launch, each CTA of a group over
 // all the group's rows. A thread quantizes one block of 16 elements and stores its scale byte where
 // blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk
-// is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every CTA together. Each group's third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM
-// reads it as it is (the decode scale itself where no weight_scale_2 is given). Both kernels are programmatic
-// dependents (quant/pdl.cuh): the grouped GEMM behind them launches while they run.
+// is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every CTA together. Each group's
+// third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM reads it as it is (the decode
+// scale itself where no weight_scale_2 is given). Both kernels are programmatic dependents (quant/pdl.cuh): the
+// grouped GEMM behind them launches while they run.
 #include "quant/quantize_grouped.h"
 
 #include <cuda_fp16.h>
@@ -127,8 +128,8 @@ __device__ __forceinline__ Share share_of(const int32_t* offs, int64_t t, int64_
 // The finite amax (fp32 bits; 0 where nothing is finite) of CTA p of `parts`'s share of group rows r, every thread
 // of the CTA getting it: 16-byte loads strided over the parts' threads, then a warp and a CTA reduction.
 template <InDtype D>
-__device__ __forceinline__ uint32_t share_finite_amax(const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t k, Rows r, int p,
-                                      int parts) {
+__device__ __forceinline__ uint32_t share_finite_amax(const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t k,
+                                                      Rows r, int p, int parts) {
   constexpr int kPerChunk = 16 / Elem<D>::kBytes;  // elements per 16-byte load
   const int64_t per_row = k / kPerChunk, chunks = r.count * per_row;
   constexpr int kIlp = 4;  // loads in flight a thread: the loop is latency-bound where one CTA reads a whole group
