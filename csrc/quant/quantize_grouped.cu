@@ -17,7 +17,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdio>
 #include <type_traits>
 
@@ -287,6 +286,7 @@ __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
        u += static_cast<int64_t>(gridDim.x) * kThreads)
     tail_sf[u] = make_uint4(0, 0, 0, 0);
 }
+
 // CTAs of a launch, whatever the routing: sum_j ctas(m_j) <= g + sum_j units(m_j) / U (U units a CTA), and
 // sum_j ceil(m_j / 128) <= rows / 128 + g for groups that partition the rows (share_of falls back to one CTA a group
 // where overlapping groups would need more).
