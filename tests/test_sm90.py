@@ -314,6 +314,19 @@ def test_small_m_grids_past_one_wave(m, n, k):
     _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"({m}, {n}, {k}), seed {m + n + k}")
 
 
+@pytest.mark.parametrize("shape", [(2000, 4096, 14336), (2600, 520, 16400)])
+def test_m_in_launches_past_the_decode_workspace(shape):
+    """Decoded A past its 40 MiB bound (backend.cu kMaxADecBytes) runs M in several launches of whole token tiles,
+    as many a launch as the split model prices lowest (split_plan.h chunk_token_tiles): 2000 rows at K = 14336 (28
+    KiB of decoded A a row) are 8 tiles of 256 rows, at most 5 a launch, run as 4 + 4 with a ragged last tile;
+    2600 rows at K = 16400 (not a multiple of 64) with N off the 128-row tiles. Output memory is poisoned first, so
+    a row no launch wrote shows; every row meets docs/CONTRACT.md's bound."""
+    m, n, k = shape
+    inputs = _gpu_inputs(m, n, k, alpha=0.75, seed=m + k)
+    poison_cuda_allocator(m * n * 2, torch.device("cuda"))
+    _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"({m}, {n}, {k}), seed {m + k}")
+
+
 def test_large_m_goes_generic_unless_forced():
     """Automatic dispatch hands M >= 2048 to the generic path (a rule of csrc/sm90/generate.py), where it
     measured faster; a forced sm90 backend still runs the Hopper kernel there."""

@@ -102,9 +102,14 @@ const char* const* config_names() {
 }
 
 // Decoded A lives in the workspace; past this many bytes M is processed in chunks, so the workspace stays
-// bounded (64 MiB) whatever M is.
+// bounded whatever M is.
 constexpr int64_t kMaxADecBytes = 40ll << 20;
-constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;  // decoded A + split partials + counters (<= 64 MiB)
+// The small-M and K-sliced kernels' split partials (<= 64 MiB).
+constexpr int64_t kMaxWorkspaceBytes = 63ll << 20;
+// The wgmma kernel's decoded A + split partials + counters (<= 128 MiB): room for one wave of 256-token partials
+// (132 CTAs x 2 x 128 KiB = 33 MiB) beside a full 40 MiB of decoded A, so that large M x K runs the one-wave split
+// instead of waves of whole tiles.
+constexpr int64_t kMaxWgmmaWorkspaceBytes = 127ll << 20;
 
 struct Plan {
   int config = -1;
@@ -149,19 +154,20 @@ SplitInputs split_inputs(const Problem& p, const Plan& pl, int tiles, int config
   in.sms = sms * kConfigs[config].ctas_per_sm;
   in.t_tile = k_tile_seconds(pl.tokens, pl.kt, in.sms);
   in.tile_bytes = static_cast<int64_t>(pl.tokens) * kTileW * 4;
-  in.workspace_left = kMaxWorkspaceBytes - pl.a_bytes;
+  in.workspace_left = kMaxWgmmaWorkspaceBytes - pl.a_bytes;
   in.forced = p.forced_splits;
   in.clusters = config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
   return in;
 }
 
 // split_plan.h's choice with this device's cluster capacity (max_active_clusters).
-Split plan_split(const SplitInputs& in, int config, bool bf16) {
-  return choose_split(in, [&](int size) { return kClusterCap[config][bf16 ? 1 : 0](size); });
+Split plan_split(const SplitInputs& in, int config, bool bf16, double* cost = nullptr) {
+  return choose_split(in, [&](int size) { return kClusterCap[config][bf16 ? 1 : 0](size); }, cost);
 }
 
-// Rows of A per launch: all of M, or as many whole token tiles as keep decoded A within kMaxADecBytes.
-int64_t chunk_rows_of(const Problem& p, int config) {
+// The most rows of A one launch takes: all of M, or as many whole token tiles as keep decoded A within
+// kMaxADecBytes.
+int64_t max_chunk_rows(const Problem& p, int config) {
   const int64_t row_bytes = round_up(p.k, 64) * 2, tokens = kConfigs[config].tokens;
   return p.m * row_bytes > kMaxADecBytes ? std::max<int64_t>(kMaxADecBytes / row_bytes / tokens, 1) * tokens : p.m;
 }
@@ -172,10 +178,23 @@ Plan make_plan(const Problem& p, int config, int sms) {
   pl.tokens = kConfigs[config].tokens;
   pl.kp = round_up(p.k, 64);
   const int64_t row_bytes = pl.kp * 2;
-  pl.chunk_rows = chunk_rows_of(p, config);
   pl.tiles_w = static_cast<int>(ceil_div(p.n, kTileW));
   pl.kt = kConfigs[config].kt;
   pl.ktiles = static_cast<int>(ceil_div(p.k, pl.kt));
+  pl.chunk_rows = max_chunk_rows(p, config);
+  if (pl.chunk_rows < p.m) {  // several launches: as many token tiles each as cost the least in all
+    const int total = static_cast<int>(ceil_div(p.m, pl.tokens));
+    const int most = static_cast<int>(pl.chunk_rows / pl.tokens);
+    const bool bf16 = mma_bf16(p);
+    const int c = chunk_token_tiles(total, most, [&](int tiles, int chunk) {
+      Plan sized = pl;
+      sized.a_bytes = round_up(int64_t{chunk} * pl.tokens * row_bytes, 256);
+      double cost = 0.0;
+      plan_split(split_inputs(p, sized, pl.tiles_w * tiles, config, sms), config, bf16, &cost);
+      return cost;
+    });
+    pl.chunk_rows = int64_t{c} * pl.tokens;
+  }
   pl.a_bytes = round_up(pl.chunk_rows * row_bytes, 256);
   if (dynamic_a(p)) pl.dyn_bytes = 256;
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
@@ -786,7 +805,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
                     kConfigs[config].name, smem, static_cast<long long>(dev->smem_optin));
     return false;
   }
-  if (dynamic_a(*p) && chunk_rows_of(*p, config) < p->m) {
+  if (dynamic_a(*p) && max_chunk_rows(*p, config) < p->m) {
     if (why && why_len)
       std::snprintf(why, why_len, "%s forms dynamic input scales over all of A in one launch; M=%lld K=%lld needs "
                     "more than the bounded decode workspace", kConfigs[config].name, static_cast<long long>(p->m),
@@ -805,7 +824,7 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
   }
   // M, N and the (tile, K tile) units of one launch are 32-bit in the kernel.
   const int64_t units = ceil_div(p->n, kTileW) *
-                        ceil_div(std::min(p->m, chunk_rows_of(*p, config)), kConfigs[config].tokens) *
+                        ceil_div(std::min(p->m, max_chunk_rows(*p, config)), kConfigs[config].tokens) *
                         ceil_div(p->k, kConfigs[config].kt);
   if (p->m > INT_MAX || p->n > INT_MAX || units > INT_MAX) {
     if (why && why_len)

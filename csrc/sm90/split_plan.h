@@ -110,9 +110,10 @@ inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
 // one wave whose clusters the device holds at once (`cap(S)`: clusters of S CTAs held at once; an H100 holds 66 of
 // 2 but only 30 of 4 of this kernel), every slice has at least two K tiles, and the partials fit the workspace.
 template <typename Cap>
-Split choose_split(const SplitInputs& in, Cap&& cap) {
+Split choose_split(const SplitInputs& in, Cap&& cap, double* cost_out = nullptr) {
   double best = 0.0;
   Split sp = choose_grid(in, &best);
+  if (cost_out) *cost_out = best;
   if (in.forced > 0 || !in.clusters) return sp;
   for (int size = 2; size <= kMaxGemmCluster; ++size) {
     for (int groups = 1; size * groups <= kMaxGemmCluster; ++groups) {
@@ -128,7 +129,30 @@ Split choose_split(const SplitInputs& in, Cap&& cap) {
       }
     }
   }
+  if (cost_out) *cost_out = best;
   return sp;
+}
+
+// Token tiles per launch where decoded A holds at most `max_tiles` of the problem's `total` token tiles at once:
+// launches of c tiles and one of the rest, c chosen for the least summed cost, launch_cost(tiles, c) being the
+// split model's time of a launch of `tiles` token tiles with the workspace sized for c (split buffers take what
+// decoded A leaves). The largest c wins ties within 1% (fewer launches). Whole waves matter: 8 token tiles of 32
+// B-row tiles on 132 SMs at most 5 a launch run as 5 + 3 in 2 + 1 waves of whole tiles but as 4 + 4 in 1 + 1.
+// Launches of fewer than half the bound are not considered (more launches, each its own first and last wave).
+template <typename LaunchCost>
+int chunk_token_tiles(int total, int max_tiles, LaunchCost&& launch_cost) {
+  if (total <= max_tiles) return total;
+  int best = max_tiles;
+  double best_cost = 0.0;
+  for (int c = max_tiles; c >= std::max(1, (max_tiles + 1) / 2); --c) {
+    const int rest = total % c;
+    const double cost = (total / c) * launch_cost(c, c) + (rest ? launch_cost(rest, c) : 0.0);
+    if (c == max_tiles || cost < best_cost * 0.99) {
+      best = c;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 }  // namespace nvfp4_gemm::sm90

@@ -1,12 +1,14 @@
 // Host checks of the wgmma kernel's K-split planner (csrc/sm90/split_plan.h), run by tests/test_sm90_host.py.
 // No GPU: the device's numbers are an H100's (132 SMs; clusters of 1..8 CTAs held at once by this kernel, measured
 // with cudaOccupancyMaxActiveClusters, benchmarks/RESULTS.md) or made up for the sweep.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "sm90/split_plan.h"
 
 using nvfp4_gemm::sm90::choose_split;
+using nvfp4_gemm::sm90::chunk_token_tiles;
 using nvfp4_gemm::sm90::kMaxGemmCluster;
 using nvfp4_gemm::sm90::Split;
 using nvfp4_gemm::sm90::split_counters;
@@ -143,11 +145,56 @@ void sweep() {
               checked, clustered, grouped, one_wave);
 }
 
+// Token tiles per launch where decoded A holds only some of M's token tiles at once (chunk_token_tiles).
+void chunks() {
+  // Whole waves of 32 B-row tiles a token tile on 132 SMs: 8 token tiles, at most 5 a launch: 4 + 4 (one wave
+  // each), not 5 + 3 (two and one).
+  auto waves = [](int tiles, int) { return std::ceil(32.0 * tiles / 132.0); };
+  EXPECT(chunk_token_tiles(8, 5, waves) == 4, "8 tiles by 5: got %d", chunk_token_tiles(8, 5, waves));
+  EXPECT(chunk_token_tiles(5, 5, waves) == 5 && chunk_token_tiles(3, 5, waves) == 3, "one launch holds them all");
+  // Equal costs keep the most tiles a launch (fewer launches).
+  auto flat = [](int, int) { return 1.0; };
+  EXPECT(chunk_token_tiles(10, 4, flat) == 4, "ties: got %d", chunk_token_tiles(10, 4, flat));
+  // The split model at (2048, 4096, 14336), 256 tokens x 128 K (112 K tiles), 28 KiB of decoded A a row: 8 token
+  // tiles, 5 within 40 MiB. With a 63 MiB workspace, 5 tiles of decoded A leave no room for a one-wave split
+  // of 160 tiles (two waves of whole tiles, then one for the last 3): 4 + 4, one wave of 132 CTAs each.
+  auto model = [](int64_t workspace) {
+    return [workspace](int tiles, int chunk) {
+      SplitInputs in = inputs(32 * tiles, 112, 256, 128);
+      in.workspace_left = workspace - int64_t{chunk} * 256 * 28672;
+      double cost = 0.0;
+      choose_split(in, [](int s) { return kH100Caps[s]; }, &cost);
+      return cost;
+    };
+  };
+  EXPECT(chunk_token_tiles(8, 5, model(63ll << 20)) == 4, "63 MiB: got %d", chunk_token_tiles(8, 5, model(63ll << 20)));
+  // Every choice: a launch holds at most the bound and at least half of it, and costs no more than the bound's.
+  int checked = 0;
+  for (int most = 1; most <= 40; ++most) {
+    for (int total = 1; total <= 200; total += 3) {
+      for (int w : {16, 32, 56, 112}) {
+        auto cost = [w](int tiles, int) { return std::ceil(static_cast<double>(w) * tiles / 132.0) + 0.01 * tiles; };
+        const int c = chunk_token_tiles(total, most, cost);
+        auto sum = [&](int k) { return (total / k) * cost(k, k) + (total % k ? cost(total % k, k) : 0.0); };
+        ++checked;
+        if (total <= most) {
+          EXPECT(c == total, "total %d most %d: got %d", total, most, c);
+          continue;
+        }
+        EXPECT(c <= most && 2 * c >= most, "total %d most %d: got %d", total, most, c);
+        EXPECT(sum(c) <= sum(most), "total %d most %d: %d costs %g > %g", total, most, c, sum(c), sum(most));
+      }
+    }
+  }
+  std::printf("chunks: %d choices\n", checked);
+}
+
 }  // namespace
 
 int main() {
   h100_shapes();
   sweep();
+  chunks();
   if (failures) {
     std::printf("split_plan_test: %d failures\n", failures);
     return 1;
