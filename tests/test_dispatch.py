@@ -144,7 +144,7 @@ def test_grouped_forcing_on_sm90(monkeypatch):
         pytest.skip("this build has no sm90 grouped kernels")
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-    t8, t16, w64, w128, w80, w256 = grouped_configs()["sm90"]
+    t8, t16, w64, w128, w80, w256, w160, w32 = grouped_configs()["sm90"]
     # Automatic: T < 8 G the 8-token config, from 8 G the 16-token one, from 24 G the 64-token wgmma one, from 56 G
     # the 80-token one, from 80 G the 128-token one, from 120 G the 80-token one again, from 160 G the 256-token one
     # (G <= 512); generic where sm90 cannot run it.
@@ -166,6 +166,19 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     assert op(90, 640 * 512, 128, 256, 640, "bf16") == f"sm90:{t16}"  # more groups than the wgmma configs take
     assert op(90, 64, 128, 96, 4, "e2m1") == "generic:grouped_simt_64x64"  # K % 256 != 0
     assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
+    # The 160- and 32-token wgmma tiles run only when forced: automatic dispatch never picks them, at any rows per
+    # group; forced by name, each runs where the wgmma configs can (and is refused with the reason where not).
+    for t in range(0, 1100, 3):
+        for a in ("e2m1", "bf16", "f16"):
+            assert op(90, t, 128, 256, 4, a) not in (f"sm90:{w160}", f"sm90:{w32}"), (t, a)
+    for name in (w160, w32):
+        with forced(config=name):
+            assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{name}"  # 24 rows a group
+            assert op(90, 512, 128, 256, 4, "e2m1") == f"sm90:{name}"  # 128 rows a group
+            assert op(90, 5, 128, 256, 4, "f16") == f"sm90:{name}"
+            with pytest.raises(RuntimeError, match=rf"forced config={name} cannot run T=64 N=128 K=256 G=513: sm90 "
+                                                   rf"grouped {name}: at most 512 groups, got 513"):
+                op(90, 64, 128, 256, 513, "bf16")
     with forced(backend="sm90"):
         assert op(90, 64, 128, 256, 4, "e2m1") == f"sm90:{t16}"
         with pytest.raises(RuntimeError, match=r"nvfp4_gemm: forced backend=sm90 has no grouped kernel for T=64 N=128 "

@@ -36,12 +36,14 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
 CONFIGS = (-1, 0, 1)  # select's pick, the 8- and 16-token configs
-# The wgmma configs (64-, 128-, 80- and 256-row token tiles), by index and name.
+# The wgmma configs (64-, 128-, 80-, 256-, 160- and 32-row token tiles), by index and name; 6 and 7 run only forced.
 WGMMA_CONFIGS = {2: "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_grouped_w128xt128xk128_s5_b1_ws_rs",
-                 4: "sm90_nvfp4_grouped_w128xt80xk256_s3_b1_ws_rs", 5: "sm90_nvfp4_grouped_w128xt256xk128_s3_b1_ws_rs"}
+                 4: "sm90_nvfp4_grouped_w128xt80xk256_s3_b1_ws_rs", 5: "sm90_nvfp4_grouped_w128xt256xk128_s3_b1_ws_rs",
+                 6: "sm90_nvfp4_grouped_w128xt160xk128_s4_b1_ws_rs", 7: "sm90_nvfp4_grouped_w128xt32xk256_s6_b1_ws_rs"}
+WGMMA_IDS = {2: "t64", 3: "t128", 4: "t80", 5: "t256", 6: "t160", 7: "t32"}
 # The dense configs whose pipelines they share.
 DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs",
-            5: "sm90_nvfp4_w128xt256xk128_s3_b1_ws_rs"}
+            5: "sm90_nvfp4_w128xt256xk128_s3_b1_ws_rs", 7: "sm90_nvfp4_w128xt32xk256_s6_b1_ws_rs"}
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +214,7 @@ def test_select_rows_per_group(a_kind):
         check_grouped(x, run_grouped(x), f"select counts {counts}")
 
 
-@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=["t64", "t128", "t80", "t256"])
+@pytest.mark.parametrize("config", sorted(WGMMA_CONFIGS), ids=[WGMMA_IDS[c] for c in sorted(WGMMA_CONFIGS)])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_random_routings(a_kind, config):
     """A wgmma config on routings of tens to hundreds of rows per group (uniform and skewed: empty groups, one
@@ -250,7 +252,24 @@ def test_select_wgmma_tile_by_rows_per_group(a_kind):
         assert any(WGMMA_CONFIGS[config] in line for line in lines), (counts, lines)
 
 
-@pytest.mark.parametrize("config", sorted(DENSE_OF), ids=["t64", "t128", "t256"])
+@pytest.mark.parametrize("config,counts", [(6, [128, 117, 139, 0, 160, 161, 1, 125, 150]),
+                                           (7, [16, 32, 33, 0, 24, 1, 31, 17, 20, 64])], ids=["t160", "t32"])
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+def test_forced_only_wgmma_tiles_on_their_groups(a_kind, config, counts):
+    """The wgmma tiles that run only when forced, on the groups they are meant for: the 160-token one on groups of
+    ~128 +- 11 rows (one tile each; 160 rows fill it, 161 spill one row into a second tile), the 32-token one on 16-32
+    rows (32 fill it, 33 and 64 take two tiles); an empty group and a one-row group beside them, N not a multiple of
+    128, every output dtype, against the reference. select, given the same routing, picks neither."""
+    for i, out_dtype in enumerate((F16, BF16, F32)):
+        x = make_grouped(counts, 264, 1280, a_kind, out_dtype=out_dtype, alpha=i != 2, seed=70 + i)
+        check_grouped(x, run_grouped(x, config), f"config {config} counts {counts} out {out_dtype}")
+    with nvfp4_gemm.testing.recorded_choices() as lines:
+        out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F32)
+    check_grouped(x, out, f"select counts {counts}")
+    assert lines and not any(WGMMA_CONFIGS[c] in line for line in lines for c in (6, 7)), lines
+
+
+@pytest.mark.parametrize("config", sorted(DENSE_OF), ids=[WGMMA_IDS[c] for c in sorted(DENSE_OF)])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
 def test_wgmma_config_same_bits_as_dense_mm(a_kind, config):
     """Each group's rows are bit for bit the dense wgmma config's of the same pipeline on that group alone (one
@@ -317,7 +336,8 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
             assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
 
 
-@pytest.mark.parametrize("config", [0, 1, 2, 3, 4], ids=["t8", "t16", "wgmma64", "wgmma128", "wgmma80"])
+@pytest.mark.parametrize("config", [0, 1, 2, 3, 4, 6, 7],
+                         ids=["t8", "t16", "wgmma64", "wgmma128", "wgmma80", "wgmma160", "wgmma32"])
 def test_sfa_too_small_for_routing_gives_nan_rows(config):
     """The routing needs 384 padded sfa rows but the buffer holds 128 (the binding cannot see offs): group 0's rows
     are right, groups 1 and 2 (whose scales start at padded rows 128 and 256) come out NaN, never read past."""

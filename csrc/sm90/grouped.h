@@ -1,6 +1,6 @@
 // Entry point of the SM90 grouped (mixture-of-experts) GEMM for the module: the GroupedBackendApi table
 // (common/grouped.h), and the grouped configs' X-macro, from which the names, the launch tables and the
-// instantiation files (csrc/sm90/grouped_wk_t*.cu, one per config and A type) all come.
+// instantiation files (csrc/sm90/grouped_wk_t*.cu and grouped_wgmma_t*.cu, one per config and A type) all come.
 #pragma once
 
 #include "common/grouped.h"
@@ -16,20 +16,25 @@
 
 // The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): X(TOKENS, KT, STAGES), 128 B
 // rows x TOKENS rows of a group per tile, KT-wide stages, STAGES deep, one CTA per SM (the pipelines of the dense
-// 64- and 128-token configs, and an 80-token one that holds a group of ~64 rows in one tile); fp16 / bf16 A, or
-// NVFP4 A decoded by a grouped prepass. In the grouped table after the K-sliced ones.
+// 64-, 128-, 256- and 32-token configs, an 80-token one that holds a group of ~64 rows in one tile and a 160-token one
+// that holds a group of ~128 +- 11 rows in one); fp16 / bf16 A, or NVFP4 A decoded by a grouped prepass. In the
+// grouped table after the K-sliced ones, grouped configs 2..7 in this order. The last two (160 tokens for ~128 rows a
+// group, 32 tokens for 16-32) run only when forced by name: select (grouped_backend.cu) does not pick them until
+// their measurement places them.
 #define NVFP4_SM90_GROUPED_WGMMA_CONFIGS(X) \
   X(64, 256, 4)                             \
   X(128, 128, 5)                            \
   X(80, 256, 3)                             \
-  X(256, 128, 3)
+  X(256, 128, 3)                            \
+  X(160, 128, 4)                            \
+  X(32, 256, 6)
 
 #define NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S) "sm90_nvfp4_grouped_w128xt" #T "xk" #KT "_s" #S "_b1_ws_rs"
 
 namespace nvfp4_gemm::sm90 {
 const GroupedBackendApi& grouped_api();
 
-inline constexpr int kNumGroupedWgmma = 4;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
+inline constexpr int kNumGroupedWgmma = 6;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
 
 // A wgmma grouped config's own conditions (wgmma_config: its index in NVFP4_SM90_GROUPED_WGMMA_CONFIGS), beyond the
 // grouped table's common ones (grouped_backend.cu check): true, or false with the reason in `why`.

@@ -61,6 +61,8 @@ constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_G
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
 constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3;
+// kNumGwk + 4 (160 tokens, for groups of ~128 rows) and kNumGwk + 5 (32 tokens, for 16-32 rows) run only when forced
+// by name: select does not pick them before their measurement (docs/NOTES.md section 10 has the prediction).
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -340,6 +342,8 @@ const char* grouped_dispatch_rules() {
          "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
          "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
          "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3) "\n"
+         "forced by name only (never selected), G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4) ", "
+         NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

@@ -1,7 +1,7 @@
 // SM90 grouped GEMM, the form for groups of tens to hundreds of rows (prefill): the wgmma kernel's grouped form
 // (sm90_gemm.cuh, GemmParams::offs) over (group, token tile, 128-row B tile), where each B tile is decoded once per
-// 64 or 128 rows of its group instead of once per 8 or 16 as in the K-sliced configs. Host code; the kernels are
-// instantiated in grouped_wgmma_t{64,128}_{f16,bf16}.cu. Torch-free.
+// 32 to 256 rows of its group (the tile's TOKENS) instead of once per 8 or 16 as in the K-sliced configs. Host code;
+// the kernels are instantiated in grouped_wgmma_t{32,64,80,128,160,256}_{f16,bf16}.cu. Torch-free.
 #include <cuda.h>
 #include <cuda_runtime.h>
 

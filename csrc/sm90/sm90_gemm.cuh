@@ -81,6 +81,13 @@ __host__ __device__ constexpr int permuted_k(int s, int j) {
   return 16 * ((j % 8) / 2) + s + 4 * (j % 2) + 8 * (j / 8);
 }
 
+// The largest divisor of n that is at most cap (n, cap >= 1).
+constexpr int divisor_upto(int n, int cap) {
+  int d = cap < n ? cap : n;
+  while (n % d != 0) --d;
+  return d;
+}
+
 struct GemmParams {
   CUtensorMap tmap_a;     // A_dec [rows][kp] fp16, box {64, TOKENS}, SWIZZLE_128B
   CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
@@ -171,6 +178,7 @@ NVFP4_SM90_WGMMA(32)
 NVFP4_SM90_WGMMA(64)
 NVFP4_SM90_WGMMA(80)
 NVFP4_SM90_WGMMA(128)
+NVFP4_SM90_WGMMA(160)  // the grouped form's tile for groups of ~128 + 2 sqrt(128) rows (m64n160: an extended shape)
 NVFP4_SM90_WGMMA(256)
 #undef NVFP4_SM90_WGMMA
 
@@ -341,12 +349,15 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
+  static_assert(TOKENS % 8 == 0 && TOKENS <= 256,
+                "wgmma N, A's TMA box of TOKENS rows (at most 256) and whole 8-row SW128 atoms and accumulator quads");
   static_assert(TOKENS * 512 <= STAGES * stage_bytes(TOKENS, KT), "a cluster stages 256 threads' sums in the stages");
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
   constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
   constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
   constexpr int kSfOff = kBOff + stage_b_bytes(KT);
   constexpr int kStage = stage_bytes(TOKENS, KT);
+  static_assert(kABytes % 1024 == 0 && kStage % 1024 == 0, "A blocks and stages start on SW128's 1024-byte period");
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
   // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
   constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
@@ -667,9 +678,10 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     }
     // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread), token rows 8x .. 8x + 7):
     // staged in the segment's last stage kRound token rows at a time (the whole tile where it fits: always in fp16
-    // and bf16, up to 80 tokens in float32; rounds of 72 of 128 and 136 of 256 float32 rows), each round copied out
-    // by rows (store_staged). One store path for every tile, output type and C alignment: the bounds-checked quad
-    // stores it replaces, unrolled per quad and output type, were most of the kernel's instructions.
+    // and bf16, up to 80 tokens in float32; rounds of 72 of 128, 88 of 160 and 136 of 256 float32 rows), each round
+    // copied out by rows (store_staged). One store path for every tile, output type and C alignment: the
+    // bounds-checked quad stores it replaces, unrolled per quad and output type, were most of the kernel's
+    // instructions.
     // `synced`: both warpgroups have passed a consumer barrier since their last wgmma (the split paths have), so
     // the stage may be written without another one.
     auto output_as = [&](auto tag, bool synced, auto&& quads) {
@@ -733,8 +745,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
     // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (waiting
     // one L2 round trip per quad and contributor: ~20 us at 128 tokens). Every part is read back, this
-    // CTA's own included, which frees the accumulators' registers for the loads.
-    constexpr int kChunk = TOKENS / 8 < 16 ? TOKENS / 8 : 16;
+    // CTA's own included, which frees the accumulators' registers for the loads. Whole rounds: at most 16 quads, a
+    // divisor of the tile's (8 at 64 tokens, 10 at 80 and 160, 16 at 128 and 256).
+    constexpr int kChunk = divisor_upto(TOKENS / 8, 16);
     auto partial = [&](int c, int x) {
       return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
                                                                             (TOKENS / 8) * 256 + t + x * 256);
