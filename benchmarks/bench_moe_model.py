@@ -48,7 +48,7 @@ import nvfp4_gemm  # noqa: E402
 from _timing import Timer, md_table, parse_choices, run_meta  # noqa: E402
 from bench_generate import Clock, decode_step, model_bytes, parse_ints, prefill, token_ids  # noqa: E402
 
-VARIANTS = ("bf16", "bf16_batched_mm", "wo", "dynamic", "static", "humming")
+VARIANTS = ("bf16", "bf16_batched_mm", "wo", "dynamic", "static", "static_shared", "humming")
 # Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B), random weights.
 CONFIG_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                       num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -117,6 +117,22 @@ def quantize(model, mode: str, device: torch.device, args) -> dict:
     out["experts_modules"] = sum(isinstance(m, moe.NVFP4Experts) for m in model.modules())
     out["fused_routers"] = sum(isinstance(m, moe._FusedTopKForward) for m in model.modules())  # their top-k one op
     return out
+
+
+def share_input_scales(model) -> int:
+    """ModelOpt's form of static experts: one input scale for all experts of a module (the largest calibrated one,
+    gate and up alike), as its checkpoints carry; returns the modules changed."""
+    from nvfp4_gemm import moe
+
+    n = 0
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, moe.NVFP4Experts) and m.static_input_scale:
+                m.gate_up_proj_input_scale.fill_(m.gate_up_proj_input_scale.max().item())
+                m.down_proj_input_scale.fill_(m.down_proj_input_scale.max().item())
+                m.refresh()
+                n += 1
+    return n
 
 
 def use_humming_experts(model) -> int:
@@ -298,7 +314,7 @@ def main(argv=None) -> int:
     if smoke:
         device = torch.device("cpu")
         defaults = dict(layers=2, batch="1,2", context=16, prefill=16, replays=2, compile="none",
-                        variants="bf16,wo,static")
+                        variants="bf16,wo,static,static_shared")
     else:
         if not torch.cuda.is_available():
             raise SystemExit("bench_moe_model needs a CUDA device (--smoke runs the script's logic on the CPU)")
@@ -341,7 +357,8 @@ def main(argv=None) -> int:
                 json.dump(dict(meta=meta, rows=rows, targets=evaluate_targets(rows, meta["layers"]), report=text), f,
                           indent=1)
 
-    mode_of = {"wo": "weight_only", "dynamic": "dynamic", "static": "static", "humming": "weight_only"}
+    mode_of = {"wo": "weight_only", "dynamic": "dynamic", "static": "static", "static_shared": "static",
+               "humming": "weight_only"}
     for variant in variants:
         impl = "batched_mm" if variant == "bf16_batched_mm" else "grouped_mm"
         print(f"  {variant}: building {args.layers} layers", flush=True)
@@ -351,6 +368,8 @@ def main(argv=None) -> int:
             extra = quantize(model, mode_of[variant], device, args)
             print(f"  {variant}: quantized in {extra['quantize_s']:.1f} s, {extra['nvfp4_model_gb']:.2f} GB "
                   f"(bf16 {extra['bf16_model_gb']:.2f} GB)", flush=True)
+        if variant == "static_shared":
+            extra["shared_input_scale_modules"] = share_input_scales(model)
         if variant == "humming":
             try:
                 extra["humming_experts_modules"] = use_humming_experts(model)

@@ -46,7 +46,9 @@ multiplied by that part's own alpha before the one rounding (nvfp4_gemm.fused's 
 scale used for both.
 Where one encode scale serves every row (dynamic, or static with one input scale for all experts, which is
 how ModelOpt calibrates experts), the T tokens are quantized once (the native quantize op) and the packed
-rows gathered, instead of quantizing the k-times larger gathered copy.
+rows gathered, instead of quantizing the k-times larger gathered copy; static ones do so only for gate_up past
+_FUSED_SHARED_ROWS gathered rows, and otherwise take the fused quantize + GEMM op as per-expert scales do (the
+same bits, fewer launches).
 """
 from __future__ import annotations
 
@@ -314,6 +316,9 @@ def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
 
 _GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
 _GROUPED_LINEAR = torch.ops.nvfp4_gemm._grouped_linear.default
+# gate_up with one static input scale for all experts: up to this many gathered rows (T x top-k) the fused op
+# quantizes the gathered copy; past it the T tokens are quantized once and the packed rows gathered
+_FUSED_SHARED_ROWS = 512
 
 
 def _grouped_mm(a, b, sfa, sfb, offs, alpha, out_dtype):
@@ -476,9 +481,11 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     if part is not None:
         packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
-    if inp is not None and not uniform:
-        # per-expert static scales: quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is
-        # quantized)
+    if inp is not None and (not uniform or gather is None or gather.numel() <= _FUSED_SHARED_ROWS):
+        # static scales: quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is quantized).
+        # One scale for all experts gives the same bits quantized once and gathered; that pays only where the
+        # gathered rows are many (gate_up past _FUSED_SHARED_ROWS), since it launches a quantize, a gather and a
+        # scale re-layout before the GEMM
         rows = x if gather is None else x[gather]
         return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, inp.float().contiguous(),
                                ws2.float().contiguous(), out_dtype)
