@@ -145,32 +145,30 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
     t8, t16, w64, w128, w80, w256, w160, w32 = grouped_configs()["sm90"]
-    # Automatic: T < 8 G the 8-token config, from 8 G the 16-token one, from 24 G the 64-token wgmma one, from 56 G
-    # the 80-token one, from 80 G the 128-token one, from 120 G the 80-token one again, from 160 G the 256-token one
-    # (G <= 512); generic where sm90 cannot run it.
+    # Automatic (average rows a group): T < 8 G the 8-token config, from 8 G the 16-token one, then the wgmma tiles:
+    # 32 tokens from 20 G, 64 from 28 G, 80 from 56 G, 128 from 80 G, 160 from 120 G, 256 from 160 G (G <= 512);
+    # generic where sm90 cannot run it.
     assert op(90, 31, 128, 256, 4, "e2m1") == f"sm90:{t8}"
     assert op(90, 32, 128, 256, 4, "bf16") == f"sm90:{t16}"
-    assert op(90, 95, 128, 256, 4, "bf16") == f"sm90:{t16}"
-    assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{w64}"
-    assert op(90, 96, 128, 256, 4, "f16") == f"sm90:{w64}"
-    assert op(90, 96, 128, 256, 4, "e2m1") == f"sm90:{w64}"
+    assert op(90, 79, 128, 256, 4, "bf16") == f"sm90:{t16}"
+    for a in ("bf16", "f16", "e2m1"):
+        assert op(90, 80, 128, 256, 4, a) == f"sm90:{w32}"
+        assert op(90, 112, 128, 256, 4, a) == f"sm90:{w64}"
+    assert op(90, 111, 128, 256, 4, "bf16") == f"sm90:{w32}"
     assert op(90, 223, 128, 256, 4, "bf16") == f"sm90:{w64}"
     assert op(90, 224, 128, 256, 4, "bf16") == f"sm90:{w80}"
     assert op(90, 319, 128, 256, 4, "e2m1") == f"sm90:{w80}"
     assert op(90, 320, 128, 256, 4, "bf16") == f"sm90:{w128}"
     assert op(90, 479, 128, 256, 4, "e2m1") == f"sm90:{w128}"
-    assert op(90, 480, 128, 256, 4, "bf16") == f"sm90:{w80}"
-    assert op(90, 639, 128, 256, 4, "f16") == f"sm90:{w80}"
+    assert op(90, 480, 128, 256, 4, "bf16") == f"sm90:{w160}"
+    assert op(90, 639, 128, 256, 4, "f16") == f"sm90:{w160}"
     assert op(90, 640, 128, 256, 4, "bf16") == f"sm90:{w256}"
     assert op(90, 2048, 128, 256, 4, "e2m1") == f"sm90:{w256}"
     assert op(90, 640 * 512, 128, 256, 640, "bf16") == f"sm90:{t16}"  # more groups than the wgmma configs take
     assert op(90, 64, 128, 96, 4, "e2m1") == "generic:grouped_simt_64x64"  # K % 256 != 0
     assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
-    # The 160- and 32-token wgmma tiles run only when forced: automatic dispatch never picks them, at any rows per
-    # group; forced by name, each runs where the wgmma configs can (and is refused with the reason where not).
-    for t in range(0, 1100, 3):
-        for a in ("e2m1", "bf16", "f16"):
-            assert op(90, t, 128, 256, 4, a) not in (f"sm90:{w160}", f"sm90:{w32}"), (t, a)
+    # Forced by name, a wgmma tile runs outside its band wherever the wgmma configs can (and is refused with the
+    # reason where not).
     for name in (w160, w32):
         with forced(config=name):
             assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{name}"  # 24 rows a group

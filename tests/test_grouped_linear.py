@@ -49,8 +49,8 @@ def _unfused(x, b, sfb, offs, input_scale, ws2, out_dtype):
 
 COUNTS = [
     [1, 0, 3, 1, 2, 0, 8, 1],      # decode: a few rows a group, empty groups
-    [16, 9, 0, 17, 31],            # 8-24 rows a group (the 16-token K-sliced config on Hopper)
-    [120, 0, 90, 5],               # >= 24 rows a group on average: quantized first on every device
+    [16, 9, 0, 17, 31],            # 8-20 rows a group (the 16-token K-sliced config on Hopper)
+    [120, 0, 90, 5],               # >= 20 rows a group on average (a wgmma tile): quantized first everywhere
 ]
 
 

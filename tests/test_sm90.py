@@ -314,12 +314,12 @@ def test_small_m_grids_past_one_wave(m, n, k):
     _check_gpu(nvfp4_gemm.mm(**inputs), inputs, f"({m}, {n}, {k}), seed {m + n + k}")
 
 
-@pytest.mark.parametrize("shape", [(2000, 4096, 14336), (2600, 520, 16400)])
+@pytest.mark.parametrize("shape", [(2000, 4096, 14336), (2600, 520, 16416)])
 def test_m_in_launches_past_the_decode_workspace(shape):
     """Decoded A past its 40 MiB bound (backend.cu kMaxADecBytes) runs M in several launches of whole token tiles,
     as many a launch as the split model prices lowest (split_plan.h chunk_token_tiles): 2000 rows at K = 14336 (28
     KiB of decoded A a row) are 8 tiles of 256 rows, at most 5 a launch, run as 4 + 4 with a ragged last tile;
-    2600 rows at K = 16400 (not a multiple of 64) with N off the 128-row tiles. Output memory is poisoned first, so
+    2600 rows at K = 16416 (not a multiple of 64) with N off the 128-row tiles. Output memory is poisoned first, so
     a row no launch wrote shows; every row meets docs/CONTRACT.md's bound."""
     m, n, k = shape
     inputs = _gpu_inputs(m, n, k, alpha=0.75, seed=m + k)

@@ -240,10 +240,11 @@ def test_wgmma_config_random_routings(a_kind, config):
 
 @pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
 def test_select_wgmma_tile_by_rows_per_group(a_kind):
-    """select's wgmma tiles by average rows per group (grouped_backend.cu): the 128-token one from 80, the 80-token
-    one again from 120 (two 80-row tiles hold a group of ~128 whole), the 256-token one from 160; each against the
-    reference."""
-    for counts, config in (([100, 0, 150, 130], 3), ([130, 120, 125, 135], 4), ([300, 0, 200, 200], 5)):
+    """select's wgmma tiles by average rows per group (grouped_backend.cu): the 32-token one from 20, the 64-token
+    one from 28, the 80-token one from 56, the 128-token one from 80, the 160-token one from 120 (one tile holds a
+    group of ~128 whole), the 256-token one from 160; each against the reference."""
+    for counts, config in (([20, 30, 25, 21], 7), ([40, 0, 30, 50], 2), ([70, 0, 60, 100], 4),
+                           ([100, 0, 150, 130], 3), ([130, 120, 125, 135], 6), ([300, 0, 200, 200], 5)):
         x = make_grouped(counts, 264, 512, a_kind, out_dtype=BF16, seed=sum(counts))
         with nvfp4_gemm.testing.recorded_choices() as lines:
             out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"],
@@ -255,18 +256,14 @@ def test_select_wgmma_tile_by_rows_per_group(a_kind):
 @pytest.mark.parametrize("config,counts", [(6, [128, 117, 139, 0, 160, 161, 1, 125, 150]),
                                            (7, [16, 32, 33, 0, 24, 1, 31, 17, 20, 64])], ids=["t160", "t32"])
 @pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
-def test_forced_only_wgmma_tiles_on_their_groups(a_kind, config, counts):
-    """The wgmma tiles that run only when forced, on the groups they are meant for: the 160-token one on groups of
+def test_wgmma_tiles_160_and_32_on_their_groups(a_kind, config, counts):
+    """The 160- and 32-token wgmma tiles forced on the groups they are meant for: the 160-token one on groups of
     ~128 +- 11 rows (one tile each; 160 rows fill it, 161 spill one row into a second tile), the 32-token one on 16-32
     rows (32 fill it, 33 and 64 take two tiles); an empty group and a one-row group beside them, N not a multiple of
-    128, every output dtype, against the reference. select, given the same routing, picks neither."""
+    128, every output dtype, against the reference."""
     for i, out_dtype in enumerate((F16, BF16, F32)):
         x = make_grouped(counts, 264, 1280, a_kind, out_dtype=out_dtype, alpha=i != 2, seed=70 + i)
         check_grouped(x, run_grouped(x, config), f"config {config} counts {counts} out {out_dtype}")
-    with nvfp4_gemm.testing.recorded_choices() as lines:
-        out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"], out_dtype=F32)
-    check_grouped(x, out, f"select counts {counts}")
-    assert lines and not any(WGMMA_CONFIGS[c] in line for line in lines for c in (6, 7)), lines
 
 
 @pytest.mark.parametrize("config", sorted(DENSE_OF), ids=[WGMMA_IDS[c] for c in sorted(DENSE_OF)])

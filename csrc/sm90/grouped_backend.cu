@@ -60,9 +60,8 @@ constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_G
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
-constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3;
-// kNumGwk + 4 (160 tokens, for groups of ~128 rows) and kNumGwk + 5 (32 tokens, for 16-32 rows) run only when forced
-// by name: select does not pick them before their measurement (docs/NOTES.md section 10 has the prediction).
+constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3,
+              kWgmma160 = kNumGwk + 4, kWgmma32 = kNumGwk + 5;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -92,7 +91,8 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // fills). Under skew (bench_moe's Zipf routing, w4a16, us, 16-token / 64-token): 20 rows 249.9 / 260.2 (Qwen3),
 // 498.3 / 446.6 (Mixtral), 3885 / 4707 (DeepSeek-V3, where the many small groups each pay a 64-row tile); 24 rows
 // 277.2 / 278.0, 528.8 / 565.6, 4446 / 4400; 32 rows 344.4 / 295.3, 720.9 / 566.0, 5393 / 4803. So the 64-token
-// one from 24 rows: uniform routing gains 9-37% from there; skew costs up to 7% at 24 and gains 11-21% from 32.
+// one from 24 rows: uniform routing gains 9-37% from there; skew costs up to 7% at 24 and gains 11-21% from 32
+// (the 32-token tile below has since taken 20-28).
 // Before that decode (history): 16-token / 64-token / 128-token config:
 // 32 rows 5240 / 5353 / 8571 (DeepSeek-V3, 1024); 64 rows 596.3 / 442.4 / 488.1 (Qwen3, 1024) and 1208 / 693.5 /
 // 808.4 (Mixtral-8x7B, 256); 128 rows 18071 / 13150 / 13920 (DeepSeek-V3, 4096); 256 rows 2168 / 1296 / 1191
@@ -120,11 +120,25 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 // groups spill a few rows into a second 128-row tile, two 80-row tiles hold a group whole (DeepSeek-V3's long-K
 // experts, MMA-bound, lose 14% in the spill; Qwen3 and Mixtral are within 8% either way): the 80-token config again
 // from 120; the 256-token one from 160, where every group needs two 128-row tiles or one of 256, and decoding B once
-// for all of them wins. 136-160 rows not measured.
-constexpr int64_t kWgmma64FromRowsPerGroup = 24;
+// for all of them wins.
+// The 160-token tile (a group of 128 + 2 sqrt(128) rows whole, one decode of each B tile a group) then took 120-160
+// from the 80-token one. Same run, t128 / t80 / t256 / t160, bf16 A, layer us:
+//   112 rows  424.6 /  581.8 /  531.8 /  436.8 (Qwen3, 1792)    657.9 /  966.4 /  940.7 /  786.8 (Mixtral, 448)
+//   128 rows  576.3 /  591.3 /  552.1 /  466.2 (Qwen3, 2048)   1058.4 / 1027.8 /  960.8 /  825.0 (Mixtral, 512)
+//                      10149 (t80) / 8621 (t160) (DeepSeek-V3, 4096; e2m1 A 10229 / 9473)
+//   144 rows  766.5 /  622.6 /  568.4 /  522.1 (Qwen3, 2304)   1363.7 / 1031.4 /  947.7 /  773.5 (Mixtral, 576)
+// And the 32-token tile (K 256 a stage, 6 deep) between the 16-token K-sliced config and the 64-token tile, where
+// a group of ~24 rows fits one 32-row tile (t16 / t64 / t32, bf16 A):
+//    16 rows  203.8 /  235.6 /  213.2 (Qwen3, 256)   466.6 / 451.7 / 406.4 (Mixtral, 64)   3172 / 3852 / 3258 (DS-V3)
+//    24 rows  282.7 /  239.8 /  228.6 (Qwen3, 384)   562.2 / 454.6 / 406.1 (Mixtral, 96)   4532 / 4066 / 3471
+//    32 rows  336.0 /  242.4 /  295.6 (Qwen3, 512)   718.0 / 443.6 / 583.1 (Mixtral, 128)  5374 / 4534 / 4847
+// so the 32-token tile from 20 rows (16 rows: within 5% of the 16-token config, 24: 5-15% ahead of the 64-token one)
+// and the 64-token one from 28 (at 32 rows half the groups need a second 32-row tile).
+constexpr int64_t kWgmma32FromRowsPerGroup = 20;
+constexpr int64_t kWgmma64FromRowsPerGroup = 28;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
 constexpr int64_t kWgmma128FromRowsPerGroup = 80;
-constexpr int64_t kWgmma80AgainFromRowsPerGroup = 120;
+constexpr int64_t kWgmma160FromRowsPerGroup = 120;
 constexpr int64_t kWgmma256FromRowsPerGroup = 160;
 
 // A failed runtime call's error, also taken out of the thread's last-error slot.
@@ -208,10 +222,11 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   for (const auto& [config, from] : {std::pair{kWgmma256, kWgmma256FromRowsPerGroup},
-                                     std::pair{kWgmma80, kWgmma80AgainFromRowsPerGroup},
+                                     std::pair{kWgmma160, kWgmma160FromRowsPerGroup},
                                      std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
                                      std::pair{kWgmma80, kWgmma80FromRowsPerGroup},
-                                     std::pair{kWgmma64, kWgmma64FromRowsPerGroup}})
+                                     std::pair{kWgmma64, kWgmma64FromRowsPerGroup},
+                                     std::pair{kWgmma32, kWgmma32FromRowsPerGroup}})
     if (p->t >= from * p->g && check(p, config, dev, nullptr, 0)) return config;
   const int config = p->t >= kGwk16FromRowsPerGroup * p->g ? 1 : 0;
   static_assert(std::size(kGwkTokens) == 2 && kGwkTokens[0] == 8 && kGwkTokens[1] == 16,
@@ -337,13 +352,12 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 24 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
+         "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6) "\n"
+         "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
          "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
          "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
-         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
+         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4) "\n"
          "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3) "\n"
-         "forced by name only (never selected), G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4) ", "
-         NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 
