@@ -132,6 +132,7 @@ def quantize_grouped(
     *,
     weight_scale_2: torch.Tensor | None = None,
     sfa_rows: int | None = None,
+    one_input_scale: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize grouped tokens to NVFP4 with one per-tensor scale per group: x [T, K] float -> (packed [T, K/2]
     uint8, sfa in the grouped blocked layout (flat float8_e4m3fn, sfa_rows * round_up(K/16,4) values, default
@@ -139,7 +140,9 @@ def quantize_grouped(
 
     input_scale: float32 [G] (or one value for every group) on x's device, each group's static DECODE input
     scale (ModelOpt's per-expert input_scale; the encode scale is its reciprocal); None: dynamic, each group's
-    scale from the finite amax of its own rows (global_encode_scale). The bits are those of
+    scale from the finite amax of its own rows (global_encode_scale); with one_input_scale=True (dynamic only) one
+    scale for every group from the finite amax of all of x (a dynamic `linear` of x as one tensor: an MoE layer's
+    per-tensor input scale over its experts). The bits are those of
     `nvfp4_gemm.quantize(x[rows of g], encode_g)` for every group (the same recipe, csrc/quant/recipe.h), placed
     as `to_blocked_grouped` places them.
 
@@ -161,10 +164,14 @@ def quantize_grouped(
     if not isinstance(offs, torch.Tensor) or offs.dim() != 1 or g < 1 or offs.dtype != torch.int32:
         raise ValueError(f"quantize_grouped: offs must be 1-D int32 [G] cumulative row ends, got "
                          f"{getattr(offs, 'dtype', type(offs).__name__)} of shape {tuple(getattr(offs, 'shape', ()))}")
+    if one_input_scale and input_scale is not None:
+        raise ValueError("quantize_grouped: one_input_scale=True forms one dynamic scale from all of x; input_scale "
+                         f"must then be None, got {type(input_scale).__name__}")
     t = x.shape[0]
     rows = grouped_sfa_rows(t, g) if sfa_rows is None else int(sfa_rows)
     return torch.ops.nvfp4_gemm._quantize_grouped.default(
-        x, offs, _per_group("input_scale", input_scale, g), _per_group("weight_scale_2", weight_scale_2, g), rows)
+        x, offs, _per_group("input_scale", input_scale, g), _per_group("weight_scale_2", weight_scale_2, g), rows,
+        bool(one_input_scale))
 
 
 def _per_group(name: str, v: torch.Tensor | None, g: int, op: str = "quantize_grouped") -> torch.Tensor | None:
@@ -189,6 +196,7 @@ def grouped_linear(
     *,
     weight_only: bool = False,
     out_dtype: torch.dtype | None = None,
+    one_input_scale: bool = False,
 ) -> torch.Tensor:
     """The grouped form of `nvfp4_gemm.linear`: float activations x [T, K] (tokens sorted by group) times each
     group's NVFP4 weight [G, N, K/2] with its blocked scales and per-tensor scale weight_scale_2 [G] (or one value).
@@ -196,8 +204,9 @@ def grouped_linear(
       * weight_only=True: x as it is (W4A16), alpha = weight_scale_2: `grouped_mm(x, weight, None, weight_scale, ...)`.
       * W4A4 (the default): the bits of `quantize_grouped(x, offs, input_scale, weight_scale_2=weight_scale_2)`
         followed by `grouped_mm` with that alpha; input_scale [G] (or one value) gives static per-group scales
-        (ModelOpt's per-expert input scales), None dynamic ones from each group's own rows. On CUDA the GEMM is
-        launched behind the quantization so that it streams its weights while A is quantized.
+        (ModelOpt's per-expert input scales), None dynamic ones from each group's own rows, or with
+        one_input_scale=True one dynamic scale for all groups from all of x. On CUDA the GEMM is launched behind the
+        quantization so that it streams its weights while A is quantized.
     out_dtype: default x's dtype. No host sync; offs follows grouped_mm's rules.
     """
     g = offs.numel() if isinstance(offs, torch.Tensor) else 0
@@ -206,11 +215,16 @@ def grouped_linear(
     if ws2 is None:
         raise ValueError("grouped_linear: weight_scale_2 must be a float32 tensor [G] (or one value), got None")
     if weight_only:
-        if input_scale is not None:
-            raise ValueError("grouped_linear: weight_only=True takes no input_scale (the activations are not quantized)")
+        if input_scale is not None or one_input_scale:
+            raise ValueError("grouped_linear: weight_only=True takes no input_scale nor one_input_scale (the activations "
+                             "are not quantized)")
         return grouped_mm(x, weight, None, weight_scale, offs, alpha=ws2, out_dtype=out_dtype)
+    if one_input_scale and input_scale is not None:
+        raise ValueError("grouped_linear: one_input_scale=True forms one dynamic scale from all of x; input_scale must "
+                         f"then be None, got {type(input_scale).__name__}")
     return torch.ops.nvfp4_gemm._grouped_linear.default(
-        x, weight, weight_scale, offs, _per_group("input_scale", input_scale, g, "grouped_linear"), ws2, out_dtype)
+        x, weight, weight_scale, offs, _per_group("input_scale", input_scale, g, "grouped_linear"), ws2, out_dtype,
+        bool(one_input_scale))
 
 
 # --- The reference ----------------------------------------------------------------------------------------
@@ -332,7 +346,7 @@ def _grouped_mm_out_fake(a, b, sfa, sfb, offs, alpha=None, out_dtype=None, *, ou
 
 
 @torch.library.register_fake("nvfp4_gemm::_quantize_grouped")
-def _quantize_grouped_fake(x, offs, input_scale, weight_scale_2, sfa_rows):
+def _quantize_grouped_fake(x, offs, input_scale, weight_scale_2, sfa_rows, one_scale=False):
     op = "nvfp4_gemm.quantize_grouped"
     _check_devices(x, offs=offs, input_scale=input_scale, weight_scale_2=weight_scale_2)
     torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D, got {x.dim()}-D")
@@ -347,7 +361,7 @@ def _quantize_grouped_fake(x, offs, input_scale, weight_scale_2, sfa_rows):
 
 
 @torch.library.register_fake("nvfp4_gemm::_grouped_linear")
-def _grouped_linear_fake(x, b, sfb, offs, input_scale, weight_scale_2, out_dtype=None):
+def _grouped_linear_fake(x, b, sfb, offs, input_scale, weight_scale_2, out_dtype=None, one_scale=False):
     op = "nvfp4_gemm.grouped_linear"
     _check_devices(x, b=b, sfb=sfb, offs=offs, input_scale=input_scale, weight_scale_2=weight_scale_2)
     torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D [T, K], got {x.dim()}-D")

@@ -46,9 +46,9 @@ multiplied by that part's own alpha before the one rounding (nvfp4_gemm.fused's 
 scale used for both.
 Where one encode scale serves every row (dynamic, or static with one input scale for all experts, which is
 how ModelOpt calibrates experts), the T tokens are quantized once (the native quantize op) and the packed
-rows gathered, instead of quantizing the k-times larger gathered copy; static ones do so only for gate_up past
+rows gathered, instead of quantizing the k-times larger gathered copy; they do so only for gate_up past
 _FUSED_SHARED_ROWS gathered rows, and otherwise take the fused quantize + GEMM op as per-expert scales do (the
-same bits, fewer launches).
+same bits, fewer launches; dynamic: the op's one scale from all its input rows, which hold every token).
 """
 from __future__ import annotations
 
@@ -316,8 +316,9 @@ def global_encode_scale_rows(amax: torch.Tensor) -> torch.Tensor:
 
 _GROUPED_MM = torch.ops.nvfp4_gemm.grouped_mm.default
 _GROUPED_LINEAR = torch.ops.nvfp4_gemm._grouped_linear.default
-# gate_up with one static input scale for all experts: up to this many gathered rows (T x top-k) the fused op
-# quantizes the gathered copy; past it the T tokens are quantized once and the packed rows gathered
+# gate_up with one input scale for all experts (dynamic, or one static scale): up to this many gathered rows
+# (T x top-k) the fused op quantizes the gathered copy; past it the T tokens are quantized once and the packed rows
+# gathered
 _FUSED_SHARED_ROWS = 512
 
 
@@ -481,7 +482,13 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     if part is not None:
         packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
-    if inp is not None and (not uniform or gather is None or gather.numel() <= _FUSED_SHARED_ROWS):
+    fused = gather is None or gather.numel() <= _FUSED_SHARED_ROWS
+    if inp is None and fused:
+        # dynamic: one scale for all experts from all the GEMM's input rows (the gathered copies of the T tokens, or
+        # the S intermediate rows) in the fused op, the bits of quantizing the tokens once with that scale
+        rows = x if gather is None else x[gather]
+        return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, None, ws2.float().contiguous(), out_dtype, True)
+    if inp is not None and (not uniform or fused):
         # static scales: quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is quantized).
         # One scale for all experts gives the same bits quantized once and gathered; that pays only where the
         # gathered rows are many (gate_up past _FUSED_SHARED_ROWS), since it launches a quantize, a gather and a

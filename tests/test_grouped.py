@@ -333,7 +333,7 @@ def _x(t, k, dtype, seed):
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("ws2", [False, True])
-@pytest.mark.parametrize("mode", ["static", "dynamic", "static_scalar"])
+@pytest.mark.parametrize("mode", ["static", "dynamic", "static_scalar", "dynamic_one"])
 @pytest.mark.parametrize("t,k,g", [(90, 96, 5), (700, 1040, 4), (200, 1040, 20), (900, 96, 300)])
 def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g, ws2):
     """Bits equal per-group quantize placed by to_blocked_grouped, every byte of sfa included (the CUDA caching
@@ -344,7 +344,9 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
     share each group (dynamic: an amax launch ahead, as 700 rows in one group would take more than 16 CTAs);
     (200, 1040, 20) no amax launch (200 rows are 14 CTAs' work), while the skewed routing's popular groups take
     several (dynamic: each of their CTAs forms the group's amax over all its rows); (900, 96, 300) more groups than a
-    CTA's threads, so each CTA's search for its share spans two chunks of groups."""
+    CTA's threads, so each CTA's search for its share spans two chunks of groups. dynamic_one: one scale for every
+    group from the finite amax of all of x (one_input_scale), from every CTA's slot of the amax launch at (700, 1040)
+    and from each CTA's own pass over x at the others."""
     gen = torch.Generator().manual_seed(11)
     counts = routing_counts(t, g, "skewed", gen)
     counts[1] = 0  # an empty group too
@@ -368,7 +370,8 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
         del poison
     w2 = (torch.rand(g, generator=gen) * 0.5 + 0.25) / 64 if ws2 else None
     packed, sfa, alpha_a = nvfp4_gemm.quantize_grouped(x_dev, offs_dev, scale_dev,
-                                                       weight_scale_2=None if w2 is None else w2.to(device))
+                                                       weight_scale_2=None if w2 is None else w2.to(device),
+                                                       one_input_scale=mode == "dynamic_one")
     assert packed.shape == (t, k // 2) and packed.dtype == torch.uint8
     assert sfa.dtype == torch.float8_e4m3fn and sfa.numel() == grouped_sfa_rows(t, g) * round_up(k // 16, 4)
     assert alpha_a.shape == (g,) and alpha_a.dtype == torch.float32
@@ -376,8 +379,8 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
     lin_parts, start = [], 0
     for gi, m in enumerate(counts):
         xs = x[start:start + m]
-        if mode == "dynamic":
-            enc = nvfp4_gemm.global_encode_scale(finite_amax(xs))
+        if mode.startswith("dynamic"):
+            enc = nvfp4_gemm.global_encode_scale(finite_amax(xs if mode == "dynamic" else x))
             dec = torch.reciprocal(enc)
         else:
             dec = scale.reshape(-1).expand(g)[gi:gi + 1]
@@ -417,6 +420,11 @@ def test_quantize_grouped_errors():
         torch.ops.nvfp4_gemm._quantize_grouped(x, offs, None, torch.ones(3), 128)
     with pytest.raises(RuntimeError, match="x must be 2-D|must be 2-D"):
         torch.ops.nvfp4_gemm._quantize_grouped(x.reshape(-1), offs, None, None, 128)
+    with pytest.raises(ValueError, match="one_input_scale=True forms one dynamic scale from all of x; input_scale"):
+        nvfp4_gemm.quantize_grouped(x, offs, torch.ones(2), one_input_scale=True)
+    with pytest.raises(RuntimeError, match="one_input_scale=True forms one dynamic scale from all of x; input_scale "
+                                           r"must then be None, got a tensor of shape \[2\]"):
+        torch.ops.nvfp4_gemm._quantize_grouped(x, offs, torch.ones(2), None, 128, True)
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -42,8 +42,8 @@ def _problem(device, counts, n, k, dtype, seed):
     return (x.to(device, dtype), inputs["b"], inputs["sfb"], inputs["offs"], input_scale.to(device), ws2.to(device))
 
 
-def _unfused(x, b, sfb, offs, input_scale, ws2, out_dtype):
-    packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, input_scale, weight_scale_2=ws2)
+def _unfused(x, b, sfb, offs, input_scale, ws2, out_dtype, one=False):
+    packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, input_scale, weight_scale_2=ws2, one_input_scale=one)
     return nvfp4_gemm.grouped_mm(packed, b, sfa, sfb, offs, alpha=alpha, out_dtype=out_dtype)
 
 
@@ -58,15 +58,16 @@ COUNTS = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "f16", "f32"])
 @pytest.mark.parametrize("counts", COUNTS, ids=["decode", "rows16", "rows40"])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32], ids=["out_x", "out_f32"])
-@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+@pytest.mark.parametrize("static", [True, False, "one"], ids=["static", "dynamic", "dynamic_one"])
 def test_w4a4_equals_quantize_then_grouped_mm(device, dtype, counts, out_dtype, static):
     x, b, sfb, offs, s, w = _problem(device, counts, 136, 512, dtype, seed=sum(counts) + 7)
-    s = s if static else None
-    want = _unfused(x, b, sfb, offs, s, w, out_dtype or dtype)
+    one = static == "one"
+    s = s if static is True else None
+    want = _unfused(x, b, sfb, offs, s, w, out_dtype or dtype, one)
     if device == "cuda":  # the caching allocator hands the output memory poisoned with NaN first
         torch.full((sum(counts) * 136 * 4,), float("nan"), device=device)
     with recorded_choices() as lines:
-        got = nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s, out_dtype=out_dtype)
+        got = nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s, out_dtype=out_dtype, one_input_scale=one)
     assert got.dtype == (out_dtype or dtype) and got.shape == want.shape
     assert torch.equal(got, want), (got - want).abs().max()
     if device == "cuda":
@@ -111,6 +112,10 @@ def test_errors_name_the_argument():
         nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s.half())
     with pytest.raises(ValueError, match="weight_only=True takes no input_scale"):
         nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s, weight_only=True)
+    with pytest.raises(ValueError, match="weight_only=True takes no input_scale nor one_input_scale"):
+        nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, weight_only=True, one_input_scale=True)
+    with pytest.raises(ValueError, match="one_input_scale=True forms one dynamic scale from all of x"):
+        nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s, one_input_scale=True)
     with pytest.raises(ValueError, match="weight_scale_2 must be a float32 tensor"):
         nvfp4_gemm.grouped_linear(x, b, sfb, None, offs, s)
     with pytest.raises(RuntimeError, match=r"weight_scale_2 must be a contiguous float32 \[G\] = \[2\] tensor"):

@@ -86,6 +86,8 @@ def main() -> int:
         for scale in (None, torch.full((g,), 0.01, device="cuda")):
             for ws2 in (None, torch.full((g,), 0.5, device="cuda")):
                 packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, scale, weight_scale_2=ws2)
+                if scale is None:  # one dynamic scale from all of x: every CTA's slot, or its own pass over x
+                    nvfp4_gemm.quantize_grouped(x, offs, weight_scale_2=ws2, one_input_scale=True)
     # Garbage routing into the grouped quantization (decreasing, negative, past T; overlapping groups that would need
     # more CTAs than the launch holds): wrong rows, no fault, no write past the outputs.
     x = torch.randn(100, 256, device="cuda", dtype=torch.bfloat16)
@@ -93,6 +95,7 @@ def main() -> int:
         offs = torch.tensor(bad, dtype=torch.int32, device="cuda")
         for scale in (None, torch.full((len(bad),), 0.01, device="cuda")):
             nvfp4_gemm.quantize_grouped(x, offs, scale)
+        nvfp4_gemm.quantize_grouped(x, offs, one_input_scale=True)
     torch.cuda.synchronize()
     print("quantize_grouped: done")
 
@@ -106,16 +109,17 @@ def main() -> int:
                                                      a_dtype=dtype), "cuda", seed=4)
             x, b, sfb, offs = inputs["a"], inputs["b"], inputs["sfb"], inputs["offs"]
             w = torch.full((len(counts),), 0.01, device="cuda")
-            for s in (torch.full((len(counts),), 0.002, device="cuda"), None):
-                got = nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s)
-                packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, s, weight_scale_2=w)
+            for s, one in ((torch.full((len(counts),), 0.002, device="cuda"), False), (None, False), (None, True)):
+                got = nvfp4_gemm.grouped_linear(x, b, sfb, w, offs, s, one_input_scale=one)
+                packed, sfa, alpha = nvfp4_gemm.quantize_grouped(x, offs, s, weight_scale_2=w, one_input_scale=one)
                 want = nvfp4_gemm.grouped_mm(packed, b, sfa, sfb, offs, alpha=alpha, out_dtype=dtype)
                 if not torch.equal(got, want):
                     failures += 1
-                    print(f"grouped_linear {dtype} K={k} static={s is not None}: differs from quantize_grouped + "
-                          "grouped_mm")
+                    print(f"grouped_linear {dtype} K={k} static={s is not None} one={one}: differs from "
+                          "quantize_grouped + grouped_mm")
                 for bad in ([9, 4, 20, 17, 3, 17], [-5, 3, 99, 2, 0, 17]):
-                    nvfp4_gemm.grouped_linear(x, b, sfb, w, torch.tensor(bad, dtype=torch.int32, device="cuda"), s)
+                    nvfp4_gemm.grouped_linear(x, b, sfb, w, torch.tensor(bad, dtype=torch.int32, device="cuda"), s,
+                                              one_input_scale=one)
     torch.cuda.synchronize()
     print("grouped_linear: done")
     print("FAILURES:", failures)

@@ -38,9 +38,10 @@ inline int64_t grouped_sfa_rows_worst(int64_t t, int64_t g) {
 
 // Checks of nvfp4_gemm::_quantize_grouped (x [T, K] float with K % 16 == 0; offs int32 [G >= 1]; input_scale and
 // weight_scale_2 each None or contiguous float32 [G]; sfa_rows a multiple of 128, >= round_up(T, 128); all on x's
-// device), shared by its CPU and CUDA implementations; throws c10::Error naming the argument, expected vs actual.
+// device; one_scale only without input_scale), shared by its CPU and CUDA implementations; throws c10::Error naming
+// the argument, expected vs actual.
 void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const std::optional<at::Tensor>& input_scale,
-                            const std::optional<at::Tensor>& weight_scale_2, int64_t sfa_rows);
+                            const std::optional<at::Tensor>& weight_scale_2, int64_t sfa_rows, bool one_scale = false);
 
 // Looks up `nvfp4_gemm::_grouped_api_<name>` for every known arch backend name (registry.h's order) and keeps
 // the tables found. Called by Python after importing the arch modules; returns the names found.

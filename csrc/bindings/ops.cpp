@@ -81,13 +81,14 @@ TORCH_LIBRARY(nvfp4_gemm, m) {
   // scales written in the grouped blocked layout of sfa_rows padded rows. Returns packed [T, K/2], sfa (flat e4m3)
   // and per group fl(decode * weight_scale_2) [G] (the grouped GEMM's alpha), or the decode scale where
   // weight_scale_2 is None.
-  m.def("_quantize_grouped(Tensor x, Tensor offs, Tensor? input_scale, Tensor? weight_scale_2, int sfa_rows) -> "
-        "(Tensor, Tensor, Tensor)");
+  // one_scale (dynamic only): one scale for every group from the finite amax of all T rows.
+  m.def("_quantize_grouped(Tensor x, Tensor offs, Tensor? input_scale, Tensor? weight_scale_2, int sfa_rows, "
+        "bool one_scale=False) -> (Tensor, Tensor, Tensor)");
   // nvfp4_gemm.grouped_linear in W4A4: bit for bit _quantize_grouped(x, offs, input_scale, weight_scale_2) followed by
   // grouped_mm with its alpha (input_scale None: dynamic per-group scales), the GEMM launched behind the quantization
   // so that it streams its weights while A is quantized.
   m.def("_grouped_linear(Tensor x, Tensor b, Tensor sfb, Tensor offs, Tensor? input_scale, Tensor weight_scale_2, "
-        "ScalarType? out_dtype=None) -> Tensor");
+        "ScalarType? out_dtype=None, bool one_scale=False) -> Tensor");
   m.def("_register_grouped_backends() -> str[]", []() { return nvfp4_gemm::register_grouped_backends(); });
   m.def("_grouped_backends() -> str[]", []() {
     std::vector<std::string> out;

@@ -180,9 +180,10 @@ uint32_t finite_amax_bits(const Raw* x, int64_t row0, int64_t m, int64_t k, ToBi
 
 template <typename Raw, typename ToBits>
 void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* offs, int64_t g, const float* input_scale,
-                            const float* weight_scale_2, int64_t sfa_rows, uint8_t* packed, uint8_t* sf,
-                            float* scale_out, ToBits to_bits) {
+                            bool one_scale, const float* weight_scale_2, int64_t sfa_rows, uint8_t* packed,
+                            uint8_t* sf, float* scale_out, ToBits to_bits) {
   const auto clamp = [t](int64_t v) { return v < 0 ? int64_t{0} : v > t ? t : v; };
+  const uint32_t all_amax = one_scale && input_scale == nullptr ? finite_amax_bits(x, 0, t, k, to_bits) : 0;
   int64_t pad = 0;
   for (int64_t j = 0; j < g; ++j) {
     const int64_t lo = j == 0 ? 0 : clamp(offs[j - 1]), hi = clamp(offs[j]);
@@ -190,6 +191,7 @@ void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* o
     const float ws2 = weight_scale_2 != nullptr ? weight_scale_2[j] : 1.0f;  // alpha = fl(decode * 1) = decode
     const quant::InputScales sc =
         input_scale != nullptr ? quant::static_input_scales(input_scale[j], ws2)
+        : one_scale            ? quant::dynamic_input_scales(quant::bits_float(all_amax), ws2)
                                : quant::dynamic_input_scales(quant::bits_float(finite_amax_bits(x, lo, m, k, to_bits)),
                                                              ws2);
     scale_out[j] = sc.alpha;
@@ -206,8 +208,11 @@ void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* o
 }  // namespace
 
 void check_quantize_grouped(const at::Tensor& x, const at::Tensor& offs, const std::optional<at::Tensor>& input_scale,
-                            const std::optional<at::Tensor>& weight_scale_2, int64_t sfa_rows) {
+                            const std::optional<at::Tensor>& weight_scale_2, int64_t sfa_rows, bool one_scale) {
   constexpr const char* op = "nvfp4_gemm.quantize_grouped";
+  TORCH_CHECK(!(one_scale && input_scale.has_value()), op, ": one_input_scale=True forms one dynamic scale from all of "
+              "x; input_scale must then be None, got a tensor of shape ", input_scale.has_value() ? input_scale->sizes()
+              : at::IntArrayRef{});
   TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [T, K] (tokens sorted by group), got shape ", x.sizes());
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
@@ -242,8 +247,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Tensor& x_in, const at::Tensor& offs,
                                                                     const std::optional<at::Tensor>& input_scale,
                                                                     const std::optional<at::Tensor>& weight_scale_2,
-                                                                    int64_t sfa_rows) {
-  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows);
+                                                                    int64_t sfa_rows, bool one_scale) {
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows, one_scale);
   const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
   // Rows no group owns within sfa (garbage routing, or sfa_rows too small for it) stay zero here.
   at::Tensor packed = at::zeros({t, k / 2}, x_in.options().dtype(at::kByte));
@@ -258,31 +263,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Te
   float* d = scale.data_ptr<float>();
   switch (x.scalar_type()) {
     case at::kFloat:
-      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
                              [](uint32_t v) { return v; });
       break;
     case at::kHalf:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
                              quant::f16_to_f32_bits);
       break;
     default:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, ws2, sfa_rows, p, f, d,
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
                              quant::bf16_to_f32_bits);
       break;
   }
   return {packed, sf.view(at::kFloat8_e4m3fn), scale};
 }
 
-// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2) and then grouped_mm of its NVFP4
-// rows with its alpha (what the CUDA form equals bit for bit); every argument checked before any work.
+// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2, one_scale) and then grouped_mm of
+// its NVFP4 rows with its alpha (what the CUDA form equals bit for bit); every argument checked before any work.
 at::Tensor grouped_linear_cpu(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb, const at::Tensor& offs,
                               const std::optional<at::Tensor>& input_scale, const at::Tensor& weight_scale_2,
-                              std::optional<at::ScalarType> out_dtype) {
+                              std::optional<at::ScalarType> out_dtype, bool one_scale) {
   const int64_t rows = grouped_sfa_rows_worst(x.dim() == 2 ? x.size(0) : 0, offs.numel());
-  check_quantize_grouped(x, offs, input_scale, weight_scale_2, rows);
+  check_quantize_grouped(x, offs, input_scale, weight_scale_2, rows, one_scale);
   const GroupedShape s = check_grouped_inputs(x, b, std::nullopt, sfb, offs, std::nullopt, out_dtype, nullptr,
                                               /*gpu_rules=*/false);
-  const auto [packed, sfa, alpha] = quantize_grouped_cpu(x, offs, input_scale, weight_scale_2, rows);
+  const auto [packed, sfa, alpha] = quantize_grouped_cpu(x, offs, input_scale, weight_scale_2, rows, one_scale);
   return grouped_mm_cpu(packed, b, sfa, sfb, offs, alpha, s.out_dtype);
 }
 

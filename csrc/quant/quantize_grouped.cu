@@ -6,7 +6,8 @@
 // find its group, its part, and the group's padded start, with no routing prologue, no memset and no search per
 // element. With dynamic scales a group's amax comes first: from a launch of its own ahead where a group may need more
 // than kInCtaAmaxCtas CTAs; otherwise (decode, a few rows in all) inside the same launch, each CTA of a group over
-// all the group's rows. A thread quantizes one block of 16 elements and stores its scale byte where
+// all the group's rows. One dynamic scale for all groups (one_scale, the MoE layer's per-tensor scale) comes the same
+// two ways from all T rows. A thread quantizes one block of 16 elements and stores its scale byte where
 // blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk
 // is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every CTA together. Each group's
 // third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM reads it as it is (the decode
@@ -124,6 +125,19 @@ __device__ __forceinline__ Share share_of(const int32_t* offs, int64_t t, int64_
   return sh;
 }
 
+// The max of every thread's m, every thread of the CTA getting it: a warp reduction, then the warps' through shared
+// memory. Called at most once per CTA and kernel (its shared words are not reused).
+__device__ __forceinline__ uint32_t cta_max(uint32_t m) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  __shared__ uint32_t warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+  return m;
+}
+
 // The finite amax (fp32 bits; 0 where nothing is finite) of CTA p of `parts`'s share of group rows r, every thread
 // of the CTA getting it: 16-byte loads strided over the parts' threads, then a warp and a CTA reduction.
 template <InDtype D>
@@ -150,25 +164,32 @@ __device__ __forceinline__ uint32_t share_finite_amax(const uint8_t* __restrict_
         if (bits < 0x7F800000u) m = max(m, bits);  // finite only: inf and NaN do not set the scale
       }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  __shared__ uint32_t warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-  return m;
+  return cta_max(m);
+}
+
+// The max of n words at v (amax slots), every thread of the CTA getting it.
+__device__ __forceinline__ uint32_t slots_max(const uint32_t* __restrict__ v, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) m = max(m, v[i]);
+  return cta_max(m);
 }
 
 // Dynamic scales, the launch ahead: CTA p of group j's `parts` (> 1) writes the finite amax of its share of the group's
 // elements to amax[first + p], its own index. The quantization reads exactly the slots of its group's CTAs, all
 // written here, so the workspace needs no clearing; a group of one CTA forms its amax in the quantization itself.
+// One scale for all groups (one_scale): every CTA writes the amax of its share of all T rows to amax[blockIdx.x].
 template <InDtype D>
 __global__ void __launch_bounds__(kThreads) group_amax_kernel(const uint8_t* __restrict__ x, int64_t ld_x_bytes,
                                                               int64_t t, int64_t k, const int32_t* __restrict__ offs,
-                                                              int64_t g, Work work,
+                                                              int64_t g, Work work, bool one_scale,
                                                               uint32_t* __restrict__ amax) {
   wait_for_predecessor_then_release();
+  if (one_scale) {
+    const uint32_t m = share_finite_amax<D>(x, ld_x_bytes, k, Rows{0, t}, static_cast<int>(blockIdx.x),
+                                            static_cast<int>(gridDim.x));
+    if (threadIdx.x == 0) amax[blockIdx.x] = m;
+    return;
+  }
   const Share sh = share_of(offs, t, g, work);
   if (!sh.live || sh.parts == 1) return;
   const uint32_t m = share_finite_amax<D>(x, ld_x_bytes, k, group_rows(offs, t, sh.j), sh.p, sh.parts);
@@ -200,7 +221,7 @@ __device__ __forceinline__ uint8_t quantize_block(const uint8_t* src, float gs, 
 template <InDtype D>
 __device__ __forceinline__ void quantize_share(const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t t, int64_t k,
                                                const int32_t* __restrict__ offs, const Share& sh,
-                                               const float* __restrict__ input_scale,
+                                               const float* __restrict__ input_scale, bool one_scale,
                                                const uint32_t* __restrict__ amax,
                                                const float* __restrict__ weight_scale_2, int64_t sfa_rows,
                                                uint8_t* __restrict__ packed, uint8_t* __restrict__ sf,
@@ -212,6 +233,10 @@ __device__ __forceinline__ void quantize_share(const uint8_t* __restrict__ x, in
   InputScales sc;
   if (input_scale != nullptr) {
     sc = static_input_scales(input_scale[j], ws2);
+  } else if (one_scale) {  // all T rows: from every CTA's slot of the launch ahead, or this CTA's own pass
+    const uint32_t m = amax != nullptr ? slots_max(amax, gridDim.x) : share_finite_amax<D>(x, ld_x_bytes, k, Rows{0, t},
+                                                                                           0, 1);
+    sc = dynamic_input_scales(__uint_as_float(m), ws2);
   } else if (amax == nullptr || parts == 1) {
     sc = dynamic_input_scales(__uint_as_float(share_finite_amax<D>(x, ld_x_bytes, k, r, 0, 1)), ws2);
   } else {
@@ -265,19 +290,20 @@ __device__ __forceinline__ void quantize_share(const uint8_t* __restrict__ x, in
 // scale_out[j] (fl(decode * weight_scale_2[j]), or the decode scale where weight_scale_2 is null), and every CTA
 // zeroes its share of the bytes past the routing's padded rows. Scales: static from input_scale; dynamic from the
 // group's amax slots (group_amax_kernel ran ahead) where it has several CTAs and amax is given, else from this CTA's
-// own pass over all the group's rows.
+// own pass over all the group's rows; one_scale: one dynamic scale from all T rows (all the launch's amax slots, or
+// this CTA's own pass over x).
 template <InDtype D>
 __global__ void __launch_bounds__(kThreads) quantize_grouped_kernel(
     const uint8_t* __restrict__ x, int64_t ld_x_bytes, int64_t t, int64_t k, const int32_t* __restrict__ offs,
-    int64_t g, Work work, const float* __restrict__ input_scale, const uint32_t* __restrict__ amax,
+    int64_t g, Work work, const float* __restrict__ input_scale, bool one_scale, const uint32_t* __restrict__ amax,
     const float* __restrict__ weight_scale_2, int64_t sfa_rows, uint8_t* __restrict__ packed, uint8_t* __restrict__ sf,
     float* __restrict__ scale_out) {
   wait_for_predecessor_then_release();
   const Share sh = share_of(offs, t, g, work);
   const int64_t sf_cols = k / kSfVecSize;
   const int64_t atom_cols = ceil_div(sf_cols, kSfAtomCols);
-  if (sh.live) quantize_share<D>(x, ld_x_bytes, t, k, offs, sh, input_scale, amax, weight_scale_2, sfa_rows, packed,
-                                 sf, scale_out);
+  if (sh.live) quantize_share<D>(x, ld_x_bytes, t, k, offs, sh, input_scale, one_scale, amax, weight_scale_2, sfa_rows,
+                                 packed, sf, scale_out);
   // Past the routing's padded rows (when the capacity exceeds them): zero, 16 bytes a store over the whole grid.
   const int64_t used = sh.pad_total < sfa_rows ? sh.pad_total : sfa_rows;
   const int64_t tail = (sfa_rows - used) * atom_cols * kSfAtomCols / 16;  // whole 512-byte atoms: 16-byte stores
@@ -296,7 +322,8 @@ int64_t grid_for(int64_t rows, int64_t k, int64_t g) {
   return g + ceil_div(units, int64_t{kThreads} * kUnitsPerThread);
 }
 
-// Whether dynamic scales take the amax launch ahead: where a group holding every row needs more than kInCtaAmaxCtas.
+// Whether dynamic scales take the amax launch ahead: where a group holding every row needs more than kInCtaAmaxCtas
+// (with one scale for all groups, where each CTA would read more than that many CTAs' rows for it).
 bool amax_launch(int64_t rows, int64_t k) { return work_for(k).ctas(rows) > kInCtaAmaxCtas; }
 
 // `kernel` over `blocks` CTAs on `stream`, a programmatic dependent where its code waits (quant/pdl.cuh).
@@ -314,8 +341,8 @@ cudaError_t launch_kernel(Kernel* kernel, unsigned blocks, cudaStream_t stream, 
 
 template <InDtype D>
 bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs, int64_t g,
-            const float* input_scale, const float* weight_scale_2, int64_t sfa_rows, void* workspace, uint8_t* packed,
-            uint8_t* sf, float* scale_out, cudaStream_t stream, char* err, size_t err_len) {
+            const float* input_scale, bool one_scale, const float* weight_scale_2, int64_t sfa_rows, void* workspace,
+            uint8_t* packed, uint8_t* sf, float* scale_out, cudaStream_t stream, char* err, size_t err_len) {
   const Work work = work_for(k);
   const auto blocks = static_cast<unsigned>(grid_for(rows, k, g));
   // Dynamic scales: the amax slots of groups with several CTAs from a launch ahead (one slot a CTA), or none.
@@ -324,14 +351,15 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t*
   const int64_t ld_bytes = ld_x * Elem<D>::kBytes;
   if (amax != nullptr) {
     if (const cudaError_t e = launch_kernel(group_amax_kernel<D>, blocks, stream, src, ld_bytes, rows, k, offs, g,
-                                            work, amax);
+                                            work, one_scale, amax);
         e != cudaSuccess) {
       std::snprintf(err, err_len, "quantize_grouped amax launch failed: %s", cudaGetErrorString(e));
       return false;
     }
   }
   if (const cudaError_t e = launch_kernel(quantize_grouped_kernel<D>, blocks, stream, src, ld_bytes, rows, k, offs, g,
-                                          work, input_scale, static_cast<const uint32_t*>(amax), weight_scale_2,
+                                          work, input_scale, one_scale, static_cast<const uint32_t*>(amax),
+                                          weight_scale_2,
                                           sfa_rows, packed, sf, scale_out);
       e != cudaSuccess) {
     std::snprintf(err, err_len, "quantize_grouped kernel launch failed: %s (was the generic module compiled for this "
@@ -348,17 +376,17 @@ size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g) {
 }
 
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
-                           int64_t g, const float* input_scale, const float* weight_scale_2, int64_t sfa_rows,
-                           void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out, cudaStream_t stream,
-                           char* err, size_t err_len) {
+                           int64_t g, const float* input_scale, bool one_scale, const float* weight_scale_2,
+                           int64_t sfa_rows, void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out,
+                           cudaStream_t stream, char* err, size_t err_len) {
   if (g < 1 || grid_for(rows, k, g) > 0x7FFFFFFF || rows > 0x7FFFFFFF) {
     std::snprintf(err, err_len, "quantize_grouped: rows=%lld k=%lld groups=%lld past the grid limit",
                   static_cast<long long>(rows), static_cast<long long>(k), static_cast<long long>(g));
     return false;
   }
   const auto run = [&](auto d) {
-    return launch<decltype(d)::value>(x, rows, k, ld_x, offs, g, input_scale, weight_scale_2, sfa_rows, workspace,
-                                      packed, sf, scale_out, stream, err, err_len);
+    return launch<decltype(d)::value>(x, rows, k, ld_x, offs, g, input_scale, one_scale && input_scale == nullptr,
+                                      weight_scale_2, sfa_rows, workspace, packed, sf, scale_out, stream, err, err_len);
   };
   switch (dtype) {
     case InDtype::kFloat32: return run(std::integral_constant<InDtype, InDtype::kFloat32>{});

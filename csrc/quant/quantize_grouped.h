@@ -23,14 +23,15 @@ size_t quantize_grouped_workspace_bytes(int64_t rows, int64_t k, int64_t g);
 //   scale_out [g]: each group's GEMM alpha fl(decode_j * weight_scale_2[j]) (recipe.h InputScales::alpha), or its
 //       DECODE scale where weight_scale_2 is nullptr.
 // input_scale [g] (device): each group's static DECODE input scale (encode = recipe.h static_encode_scale); nullptr:
-// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales). weight_scale_2 [g] (device) or
+// dynamic, each group's finite amax of its own rows (recipe.h dynamic_input_scales), or with one_scale one scale for
+// every group from the finite amax of all `rows` rows (a dynamic per-tensor scale). weight_scale_2 [g] (device) or
 // nullptr. One launch on `stream` (two with dynamic scales unless all the rows are 16 CTAs' work: the per-group amax
 // first), each a programmatic dependent of the kernel ahead; no host sync. Each group gets CTAs for its own work
 // (its rows read from offs on the device), so a skewed routing's popular groups are spread over as many CTAs.
 // Returns false with `err` filled on a launch failure.
 bool quantize_grouped_cuda(const void* x, InDtype dtype, int64_t rows, int64_t k, int64_t ld_x, const int32_t* offs,
-                           int64_t g, const float* input_scale, const float* weight_scale_2, int64_t sfa_rows,
-                           void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out, cudaStream_t stream,
-                           char* err, size_t err_len);
+                           int64_t g, const float* input_scale, bool one_scale, const float* weight_scale_2,
+                           int64_t sfa_rows, void* workspace, uint8_t* packed, uint8_t* sf, float* scale_out,
+                           cudaStream_t stream, char* err, size_t err_len);
 
 }  // namespace nvfp4_gemm::quant

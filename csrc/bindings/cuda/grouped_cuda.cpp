@@ -143,8 +143,8 @@ at::Tensor kernel_rows(const at::Tensor& x) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::Tensor& x_in, const at::Tensor& offs,
                                                                      const std::optional<at::Tensor>& input_scale,
                                                                      const std::optional<at::Tensor>& weight_scale_2,
-                                                                     int64_t sfa_rows) {
-  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows);
+                                                                     int64_t sfa_rows, bool one_scale) {
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, sfa_rows, one_scale);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const int64_t t = x_in.size(0), k = x_in.size(1), g = offs.numel();
   at::Tensor packed = at::empty({t, k / 2}, x_in.options().dtype(at::kByte));
@@ -161,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
                             x_in.options().dtype(at::kByte));
   char err[kErrLen] = {0};
   TORCH_CHECK(quant::quantize_grouped_cuda(x.data_ptr(), dt, t, k, t > 1 ? x.stride(0) : k, offs.data_ptr<int32_t>(), g,
-                                           input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr,
+                                           input_scale.has_value() ? input_scale->data_ptr<float>() : nullptr, one_scale,
                                            weight_scale_2.has_value() ? weight_scale_2->data_ptr<float>() : nullptr,
                                            sfa_rows, ws.data_ptr(), packed.data_ptr<uint8_t>(),
                                            static_cast<uint8_t*>(sf.data_ptr()), scale.data_ptr<float>(),
@@ -170,22 +170,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cuda(const at::T
   return {packed, sf, scale};
 }
 
-// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2) and then grouped_mm of its NVFP4
-// rows with its alpha, bit for bit, as two launches back to back on the stream. The GEMM is told so
+// nvfp4_gemm::_grouped_linear: quantize_grouped(x, offs, input_scale, weight_scale_2, one_scale) and then grouped_mm of
+// its NVFP4 rows with its alpha, bit for bit, as two launches back to back on the stream. The GEMM is told so
 // (GroupedProblem::offs_ready): the quantization kernels wait for the kernels ahead of them before they let the next
 // grid launch and write only A, its scales and alpha, so the GEMM may read offs and start streaming the weights while
 // A is being quantized. Every argument is checked before anything is launched.
 at::Tensor grouped_linear_cuda(const at::Tensor& x_in, const at::Tensor& b, const at::Tensor& sfb, const at::Tensor& offs,
                                const std::optional<at::Tensor>& input_scale, const at::Tensor& weight_scale_2,
-                               std::optional<at::ScalarType> out_dtype) {
+                               std::optional<at::ScalarType> out_dtype, bool one_scale) {
   const int64_t rows = grouped_sfa_rows_worst(x_in.dim() == 2 ? x_in.size(0) : 0, offs.numel());
-  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, rows);
+  check_quantize_grouped(x_in, offs, input_scale, weight_scale_2, rows, one_scale);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = kernel_rows(x_in);
   // x as the weight-only form's activations: b, sfb, offs and out_dtype under grouped_mm's rules
   const GroupedShape s = check_grouped_inputs(x, b, std::nullopt, sfb, offs, std::nullopt, out_dtype, nullptr,
                                               /*gpu_rules=*/true);
-  const auto [packed, sfa, alpha] = quantize_grouped_cuda(x, offs, input_scale, weight_scale_2, rows);
+  const auto [packed, sfa, alpha] = quantize_grouped_cuda(x, offs, input_scale, weight_scale_2, rows, one_scale);
   const GroupedShape q = check_grouped_inputs(packed, b, sfa, sfb, offs, alpha, s.out_dtype, nullptr, /*gpu_rules=*/true);
   at::Tensor c = at::empty({q.t, q.n}, x.options().dtype(q.out_dtype));
   if (q.t > 0 && q.n > 0) grouped_into(q, packed, b, sfa, sfb, offs, alpha, c, /*offs_ready=*/true);
