@@ -482,20 +482,16 @@ def _gemm(mod: NVFP4Experts, which: str, x: torch.Tensor, routing: _Routing, gat
     if part is not None:
         packed, sfa, decode = _quantized_a(x, routing, gather, uniform, inp)
         return _grouped_mm(packed, b, sfa, sfb, routing.offs, None, torch.float32), decode
-    fused = gather is None or gather.numel() <= _FUSED_SHARED_ROWS
-    if inp is None and fused:
-        # dynamic: one scale for all experts from all the GEMM's input rows (the gathered copies of the T tokens, or
-        # the S intermediate rows) in the fused op, the bits of quantizing the tokens once with that scale
+    if not uniform or gather is None or gather.numel() <= _FUSED_SHARED_ROWS:
+        # quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is quantized): per-expert
+        # static scales, or one scale for all experts (static, or dynamic from all the op's input rows, which hold
+        # every token). One scale gives the same bits quantized once and gathered; that pays only where the gathered
+        # rows are many (gate_up past _FUSED_SHARED_ROWS), since it launches a quantize, a gather and a scale
+        # re-layout before the GEMM
         rows = x if gather is None else x[gather]
-        return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, None, ws2.float().contiguous(), out_dtype, True)
-    if inp is not None and (not uniform or fused):
-        # static scales: quantize_grouped + grouped_mm in one op (the GEMM streams its weights while A is quantized).
-        # One scale for all experts gives the same bits quantized once and gathered; that pays only where the
-        # gathered rows are many (gate_up past _FUSED_SHARED_ROWS), since it launches a quantize, a gather and a
-        # scale re-layout before the GEMM
-        rows = x if gather is None else x[gather]
-        return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, inp.float().contiguous(),
-                               ws2.float().contiguous(), out_dtype)
+        scale = None if inp is None else inp.float().contiguous()
+        return _GROUPED_LINEAR(rows.contiguous(), b, sfb, routing.offs, scale, ws2.float().contiguous(), out_dtype,
+                               inp is None)
     # alpha = fl(input decode * weight_scale_2) per expert, as linear forms it
     packed, sfa, alpha = _quantized_a(x, routing, gather, uniform, inp, ws2.float().contiguous())
     return _grouped_mm(packed, b, sfa, sfb, routing.offs, alpha, out_dtype)

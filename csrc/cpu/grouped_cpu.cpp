@@ -183,7 +183,7 @@ void quantize_grouped_typed(const Raw* x, int64_t t, int64_t k, const int32_t* o
                             bool one_scale, const float* weight_scale_2, int64_t sfa_rows, uint8_t* packed,
                             uint8_t* sf, float* scale_out, ToBits to_bits) {
   const auto clamp = [t](int64_t v) { return v < 0 ? int64_t{0} : v > t ? t : v; };
-  const uint32_t all_amax = one_scale && input_scale == nullptr ? finite_amax_bits(x, 0, t, k, to_bits) : 0;
+  const uint32_t all_amax = one_scale ? finite_amax_bits(x, 0, t, k, to_bits) : 0;  // (without input_scale: checked)
   int64_t pad = 0;
   for (int64_t j = 0; j < g; ++j) {
     const int64_t lo = j == 0 ? 0 : clamp(offs[j - 1]), hi = clamp(offs[j]);
@@ -263,16 +263,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_grouped_cpu(const at::Te
   float* d = scale.data_ptr<float>();
   switch (x.scalar_type()) {
     case at::kFloat:
-      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
-                             [](uint32_t v) { return v; });
+      quantize_grouped_typed(static_cast<const uint32_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows,
+                             p, f, d, [](uint32_t v) { return v; });
       break;
     case at::kHalf:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
-                             quant::f16_to_f32_bits);
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows,
+                             p, f, d, quant::f16_to_f32_bits);
       break;
     default:
-      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows, p, f, d,
-                             quant::bf16_to_f32_bits);
+      quantize_grouped_typed(static_cast<const uint16_t*>(x.data_ptr()), t, k, o, g, in_scale, one_scale, ws2, sfa_rows,
+                             p, f, d, quant::bf16_to_f32_bits);
       break;
   }
   return {packed, sf.view(at::kFloat8_e4m3fn), scale};
