@@ -345,8 +345,8 @@ def test_quantize_grouped_equals_per_group_quantize(device, dtype, mode, t, k, g
     (200, 1040, 20) no amax launch (200 rows are 14 CTAs' work), while the skewed routing's popular groups take
     several (dynamic: each of their CTAs forms the group's amax over all its rows); (900, 96, 300) more groups than a
     CTA's threads, so each CTA's search for its share spans two chunks of groups. dynamic_one: one scale for every
-    group from the finite amax of all of x (one_input_scale), from every CTA's slot of the amax launch at (700, 1040)
-    and from each CTA's own pass over x at the others."""
+    group from the finite amax of all of x (one_input_scale), from every CTA's slot of the amax launch where x
+    exceeds 64 KiB (every shape but (90, 96, 5)), and at (90, 96, 5) from each CTA's own pass over x."""
     gen = torch.Generator().manual_seed(11)
     counts = routing_counts(t, g, "skewed", gen)
     counts[1] = 0  # an empty group too

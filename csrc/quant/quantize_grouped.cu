@@ -1,18 +1,18 @@
 // Grouped NVFP4 quantization for any SM >= 8.0: one launch that writes the packed rows and every byte of sfa. Each
-// group is worked by CTAs of its own, as many as its work needs (its real scale items and its atoms' padding, about
-// 8 units a thread: Work below; one CTA for an empty group), so a popular expert of a skewed routing is spread like
-// any other, and a group of one row at large K still takes several CTAs: every CTA scans offs once (the grouped
-// GEMM's routing rules, csrc/cuda/grouped.cu: offsets clamped to [0, rows], a decrease read as an empty group) to
-// find its group, its part, and the group's padded start, with no routing prologue, no memset and no search per
-// element. With dynamic scales a group's amax comes first: from a launch of its own ahead where a group may need more
-// than kInCtaAmaxCtas CTAs; otherwise (decode, a few rows in all) inside the same launch, each CTA of a group over
-// all the group's rows. One dynamic scale for all groups (one_scale, the MoE layer's per-tensor scale) comes the same
-// two ways from all T rows. A thread quantizes one block of 16 elements and stores its scale byte where
-// blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed 16 bytes a store where a whole chunk
-// is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by every CTA together. Each group's
-// third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM reads it as it is (the decode
-// scale itself where no weight_scale_2 is given). Both kernels are programmatic dependents (quant/pdl.cuh): the
-// grouped GEMM behind them launches while they run.
+// group is worked by CTAs of its own, as many as its work needs (its real scale items and its atoms' padding, about 8
+// units a thread: Work below; one CTA for an empty group), so a popular expert of a skewed routing is spread like any
+// other, and a group of one row at large K still takes several CTAs: every CTA scans offs once (the grouped GEMM's
+// routing rules, csrc/cuda/grouped.cu: offsets clamped to [0, rows], a decrease read as an empty group) to find its
+// group, its part, and the group's padded start, with no routing prologue, no memset and no search per element. With
+// dynamic scales a group's amax comes first: from a launch of its own ahead where a group may need more than
+// kInCtaAmaxCtas CTAs; otherwise (decode, a few rows in all) inside the same launch, each CTA of a group over all the
+// group's rows. One dynamic scale for all groups (one_scale, the MoE layer's per-tensor scale) comes the same two ways
+// from all T rows, inside the launch only while x is small (kInCtaOneScaleBytes). A thread quantizes one block of 16
+// elements and stores its scale byte where blocked_sf_offset puts it; the padding rows of the group's atoms are zeroed
+// 16 bytes a store where a whole chunk is padding. What lies past the routing's padded rows up to sfa_rows is zeroed by
+// every CTA together. Each group's third output is recipe.h's alpha: fl(decode * weight_scale_2), so the grouped GEMM
+// reads it as it is (the decode scale itself where no weight_scale_2 is given). Both kernels are programmatic
+// dependents (quant/pdl.cuh): the grouped GEMM behind them launches while they run.
 #include "quant/quantize_grouped.h"
 
 #include <cuda_fp16.h>
@@ -33,6 +33,10 @@ constexpr int kUnitsPerThread = 8;  // work units a thread of a CTA (Work)
 // Dynamic scales take the amax launch ahead where some group may need more than this many CTAs (the host does not
 // read offs: any group may hold every row); below, each CTA of a group reads all the group's rows for its amax.
 constexpr long long kInCtaAmaxCtas = 16;
+// One dynamic scale for all groups is formed inside the quantizing launch only up to this much of x: each of its
+// CTAs reads all T rows, so past a decode step's few rows (8 rows at K 2048 in bf16: 32 KiB) the launch ahead costs
+// less than ~100 CTAs each reading x (H200: 128 rows x 768 in bf16 cost ~12 us a MoE layer in the in-CTA pass).
+constexpr long long kInCtaOneScaleBytes = 64 << 10;
 
 // Group j's first row and row count under the routing rules.
 struct Rows {
@@ -322,9 +326,12 @@ int64_t grid_for(int64_t rows, int64_t k, int64_t g) {
   return g + ceil_div(units, int64_t{kThreads} * kUnitsPerThread);
 }
 
-// Whether dynamic scales take the amax launch ahead: where a group holding every row needs more than kInCtaAmaxCtas
-// (with one scale for all groups, where each CTA would read more than that many CTAs' rows for it).
-bool amax_launch(int64_t rows, int64_t k) { return work_for(k).ctas(rows) > kInCtaAmaxCtas; }
+// Whether dynamic scales take the amax launch ahead: per group, where a group holding every row needs more than
+// kInCtaAmaxCtas; with one scale for all groups, where x exceeds kInCtaOneScaleBytes, since every CTA of the launch
+// (at least one a group) would read all of x for it.
+bool amax_launch(int64_t rows, int64_t k, bool one_scale, int64_t elem_bytes) {
+  return one_scale ? rows * k * elem_bytes > kInCtaOneScaleBytes : work_for(k).ctas(rows) > kInCtaAmaxCtas;
+}
 
 // `kernel` over `blocks` CTAs on `stream`, a programmatic dependent where its code waits (quant/pdl.cuh).
 template <typename Kernel, typename... Args>
@@ -346,7 +353,9 @@ bool launch(const void* x, int64_t rows, int64_t k, int64_t ld_x, const int32_t*
   const Work work = work_for(k);
   const auto blocks = static_cast<unsigned>(grid_for(rows, k, g));
   // Dynamic scales: the amax slots of groups with several CTAs from a launch ahead (one slot a CTA), or none.
-  uint32_t* const amax = input_scale == nullptr && amax_launch(rows, k) ? static_cast<uint32_t*>(workspace) : nullptr;
+  uint32_t* const amax = input_scale == nullptr && amax_launch(rows, k, one_scale, Elem<D>::kBytes)
+                             ? static_cast<uint32_t*>(workspace)
+                             : nullptr;
   const auto* src = static_cast<const uint8_t*>(x);
   const int64_t ld_bytes = ld_x * Elem<D>::kBytes;
   if (amax != nullptr) {
