@@ -53,13 +53,14 @@ constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKE
 constexpr int kNumGwk = sizeof(kGwkTokens) / sizeof(kGwkTokens[0]);
 // The K-sliced configs, then the wgmma ones (grouped_wgmma.cu).
 #define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
-#define NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY(T, KT, S) NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S),
+#define NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY(T, KT, S, W) NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S, W),
 constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)
                                              NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY)};
 #undef NVFP4_SM90_GROUPED_NAME_ENTRY
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
+// select's wgmma configs; the 256-row tiles after them (kNumGwk + 6, + 7) run only forced.
 constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3,
               kWgmma160 = kNumGwk + 4, kWgmma32 = kNumGwk + 5;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
@@ -352,12 +353,12 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6) "\n"
-         "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
-         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
-         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
-         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4) "\n"
-         "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3) "\n"
+         "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6, 128) "\n"
+         "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4, 128) "\n"
+         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3, 128) "\n"
+         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5, 128) "\n"
+         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4, 128) "\n"
+         "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3, 128) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 
