@@ -144,8 +144,8 @@ def test_grouped_forcing_on_sm90(monkeypatch):
         pytest.skip("this build has no sm90 grouped kernels")
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-    t8, t16, w64, w128, w80, w256, w160, w32, w256t104, w256t80 = grouped_configs()["sm90"]
-    assert "_w256xt104xk128_" in w256t104 and "_w256xt80xk128_" in w256t80, (w256t104, w256t80)
+    t8, t16, w64, w128, w80, w256, w160, w32, w256t104, w256t80, w256t128 = grouped_configs()["sm90"]
+    assert all(f"_w256xt{t}xk128_" in name for t, name in ((104, w256t104), (80, w256t80), (128, w256t128)))
     # Automatic (average rows a group): T < 8 G the 8-token config, from 8 G the 16-token one, then the wgmma tiles:
     # 32 tokens from 20 G, 64 from 28 G, 80 from 56 G, 128 from 80 G, 160 from 120 G, 256 from 160 G (G <= 512);
     # generic where sm90 cannot run it.
@@ -170,7 +170,7 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
     # Forced by name, a wgmma tile runs outside its band wherever the wgmma configs can (and is refused with the
     # reason where not); the 160- and 32-token tiles and the 256-row ones are never select's pick.
-    for name in (w160, w32, w256t104, w256t80):
+    for name in (w160, w32, w256t104, w256t80, w256t128):
         with forced(config=name):
             assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{name}"  # 24 rows a group
             assert op(90, 512, 128, 256, 4, "e2m1") == f"sm90:{name}"  # 128 rows a group

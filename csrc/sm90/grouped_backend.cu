@@ -60,7 +60,7 @@ constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_G
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
-// select's wgmma configs; the 256-row tiles after them (kNumGwk + 6, + 7) run only forced.
+// select's wgmma configs; the 256-row tiles after them (kNumGwk + 6 .. + 8) run only forced.
 constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3,
               kWgmma160 = kNumGwk + 4, kWgmma32 = kNumGwk + 5;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }

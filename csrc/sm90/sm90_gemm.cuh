@@ -359,12 +359,12 @@ __device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int 
 // CONS: consumer warpgroups, 2 or (grouped form only) 4. With 4 a CTA is 640 threads over a 256-row weight tile: each
 // scheduler holds four math warps, and a consumer thread gets 112 registers (setmaxnreg below), which hold one
 // accumulator set (kAcc = 1) of at most 104 tokens beside the two fragment sets (at 112 tokens ptxas spills fragments
-// and serializes the wgmmas). The split paths (stream-K partials, cluster sums) count on 256 consumer threads, so the
-// grouped form's whole tiles are the only ones four consumer warpgroups run.
+// and serializes the wgmmas), or of up to 128 beside one set (kFragSets). The split paths (stream-K partials, cluster
+// sums) count on 256 consumer threads, so the grouped form's whole tiles are the only ones four consumer warpgroups run.
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
 __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(CONS == 2 || (CONS == 4 && GROUPED && CTAS_PER_SM == 1 && TOKENS > 64 && TOKENS <= 104),
-                "four consumer warpgroups: the grouped form's whole tiles, one accumulator set of 72..104 tokens");
+  static_assert(CONS == 2 || (CONS == 4 && GROUPED && CTAS_PER_SM == 1 && TOKENS > 64 && TOKENS <= 128),
+                "four consumer warpgroups: the grouped form's whole tiles, one accumulator set of 72..128 tokens");
   static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES, CONS) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
@@ -557,7 +557,11 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
   using Dec = BDecode<E>;
 
   float acc[kAcc][TOKENS / 2];
-  uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
+  // Decoded B for the two 64-K blocks in flight: block b + 1 decoded while block b's wgmmas run. Four consumer
+  // warpgroups past 104 tokens hold one set: each decodes block b + 1 once block b's wgmmas are done, and the other
+  // three warpgroups' wgmmas run meanwhile.
+  constexpr int kFragSets = CONS == 4 && TOKENS > 104 ? 1 : 2;
+  uint32_t fr0[16], fr1[16];
 
   // Decodes 64-K block j of stage s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
   // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
@@ -637,10 +641,11 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
 #pragma unroll
       for (int blk = 0; blk < kNB; ++blk) {
         if (blk < nblk) {
-          uint32_t(&cur)[16] = (blk % 2 == 0) ? fr0 : fr1;
-          uint32_t(&nxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
+          uint32_t(&cur)[16] = (kFragSets == 1 || blk % 2 == 0) ? fr0 : fr1;
+          uint32_t(&nxt)[16] = (kFragSets == 2 && blk % 2 == 0) ? fr1 : fr0;
           issue(cur, s, blk);
-          cute::warpgroup_wait<1>();  // block blk - 1 is done: its registers and (blk 0) its stage are free
+          // Block blk - 1 is done: its registers and (blk 0) its stage are free; with one set, block blk too.
+          cute::warpgroup_wait<kFragSets - 1>();
 #pragma unroll
           for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
           if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
