@@ -30,7 +30,7 @@ struct GwgConfig {
   int tokens, kt, stages, cons;  // cons: consumer warpgroups, of 64 B rows each
   cudaError_t (*launch[2])(const LaunchArgs&);  // fp16, bf16 A
 };
-#define NVFP4_SM90_GROUPED_WGMMA_ENTRY(T, KT, S, W)        \
+#define NVFP4_SM90_GROUPED_WGMMA_ENTRY(T, KT, S, W)               \
   {NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S, W), T, KT, S, W / 64, \
    {&launch_gemm<T, KT, S, 1, Elem::kHalf, true, W / 64>, &launch_gemm<T, KT, S, 1, Elem::kBf16, true, W / 64>}},
 constexpr GwgConfig kGwg[] = {NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_ENTRY)};
@@ -132,8 +132,8 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
   }
   const bool bf16 = p.a_type == AType::kBFloat16, a4 = p.a_type == AType::kE2m1;
   const int sf_atoms_per_row = static_cast<int>(p.k / 64);
-  const int tile_w = tile_rows(c.cons);
-  const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{tile_w}));
+  const int weight_rows = tile_rows(c.cons);  // a tile's
+  const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{weight_rows}));
   LaunchArgs args{};
   GemmParams& gp = args.params;
   // B: [g][n][k/2] bytes, one (K tile, B tile, group) box a stage; rows past N read as zero (the last tile's, where N
@@ -141,7 +141,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
   const cuuint64_t b_dims[3] = {static_cast<cuuint64_t>(p.k / 2), static_cast<cuuint64_t>(p.n),
                                 static_cast<cuuint64_t>(p.g)};
   const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p.ldb), static_cast<cuuint64_t>(p.b_group_bytes)};
-  const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(c.kt / 2), static_cast<cuuint32_t>(tile_w), 1};  // <= 256
+  const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(c.kt / 2), static_cast<cuuint32_t>(weight_rows), 1};  // <= 256
   if (!encode_map(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p.b, b_dims, b_strides, b_box,
                   c.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");

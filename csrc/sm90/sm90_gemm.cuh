@@ -360,7 +360,7 @@ __device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int 
 // scheduler holds four math warps, and a consumer thread gets 112 registers (setmaxnreg below), which hold one
 // accumulator set (kAcc = 1) of at most 104 tokens beside the two fragment sets (at 112 tokens ptxas spills fragments
 // and serializes the wgmmas), or of up to 128 beside one set (kFragSets). The split paths (stream-K partials, cluster
-// sums) count on 256 consumer threads, so the grouped form's whole tiles are the only ones four consumer warpgroups run.
+// sums) count on 256 consumer threads, so four consumer warpgroups run the grouped form's whole tiles only.
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
 __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(CONS == 2 || (CONS == 4 && GROUPED && CTAS_PER_SM == 1 && TOKENS > 64 && TOKENS <= 128),
