@@ -2,7 +2,7 @@
 private op torch.ops.nvfp4_gemm._sm90_grouped_test: empty groups, one group holding every row, groups of one
 row, T not a multiple of anything, a group spanning two sfa blocks, N 384 (a 256-row weight tile's tail, whose second
 128-row scale block lies past the group's scales), forced split counts (the split counters and partials), garbage
-routing (clamped on the device), fp16 / bf16 / NVFP4 A, the grouped configs given (0, 1: K-sliced; 2..10: wgmma);
+routing (clamped on the device), fp16 / bf16 / NVFP4 A, the grouped configs given (0, 1: K-sliced; 2..9: wgmma);
 --ring adds, --ring-only runs alone, a launch of many one-stage items per CTA (each CTA's item ring s_items wraps).
 Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_grouped_sanitize_cases.py [--configs 0,1]
 [--a f16,bf16,e2m1] [--ring | --ring-only] (a subset, to fit a sanitizer run into a time budget; all of them by

@@ -2,7 +2,7 @@
 // (sm90_gemm.cuh, GemmParams::offs) over (group, token tile, 128- or 256-row B tile), where each B tile is decoded once
 // per 32 to 256 rows of its group (the tile's TOKENS) instead of once per 8 or 16 as in the K-sliced configs. Host
 // code; the kernels are instantiated in grouped_wgmma_t{32,64,80,128,160,256}_{f16,bf16}.cu (128-row tiles) and
-// grouped_wgmma_w256_t{80,104,128}_{f16,bf16}.cu (256-row tiles). Torch-free.
+// grouped_wgmma_w256_t{80,128}_{f16,bf16}.cu (256-row tiles). Torch-free.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
