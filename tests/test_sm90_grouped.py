@@ -243,10 +243,11 @@ def test_wgmma_config_random_routings(a_kind, config):
 @pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
 def test_select_wgmma_tile_by_rows_per_group(a_kind):
     """select's wgmma tiles by average rows per group (grouped_backend.cu): the 32-token one from 20, the 64-token
-    one from 28, the 80-token one from 56, the 128-token one from 80, the 160-token one from 120 (one tile holds a
-    group of ~128 whole), the 256-token one from 160; each against the reference."""
-    for counts, config in (([20, 30, 25, 21], 7), ([40, 0, 30, 50], 2), ([70, 0, 60, 100], 4),
-                           ([100, 0, 150, 130], 3), ([130, 120, 125, 135], 6), ([300, 0, 200, 200], 5)):
+    one from 28, the 80-token one from 56, the 128-token one from 80 (both over 256 weight rows, as N = 264 > 128),
+    the 160-token one from 120 (one tile holds a group of ~128 whole), the 256-token one from 160; each against the
+    reference."""
+    for counts, config in (([20, 30, 25, 21], 7), ([40, 0, 30, 50], 2), ([70, 0, 60, 100], 8),
+                           ([100, 0, 150, 130], 9), ([130, 120, 125, 135], 6), ([300, 0, 200, 200], 5)):
         x = make_grouped(counts, 264, 512, a_kind, out_dtype=BF16, seed=sum(counts))
         with nvfp4_gemm.testing.recorded_choices() as lines:
             out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"],
