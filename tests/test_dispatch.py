@@ -144,10 +144,12 @@ def test_grouped_forcing_on_sm90(monkeypatch):
         pytest.skip("this build has no sm90 grouped kernels")
     monkeypatch.delenv("NVFP4_GEMM_BACKEND", raising=False)
     monkeypatch.delenv("NVFP4_GEMM_CONFIG", raising=False)
-    t8, t16, w64, w128, w80, w256, w160, w32 = grouped_configs()["sm90"]
+    t8, t16, w64, w128, w80, w256, w160, w32, w256t80, w256t128 = grouped_configs()["sm90"]
+    assert all(f"_w256xt{t}xk128_" in name for t, name in ((80, w256t80), (128, w256t128)))
     # Automatic (average rows a group): T < 8 G the 8-token config, from 8 G the 16-token one, then the wgmma tiles:
     # 32 tokens from 20 G, 64 from 28 G, 80 from 56 G, 128 from 80 G, 160 from 120 G, 256 from 160 G (G <= 512);
-    # generic where sm90 cannot run it.
+    # the 80- and 128-token ones over 256 weight rows where N > 128 (over 128 rows at N = 128); generic where sm90
+    # cannot run it.
     assert op(90, 31, 128, 256, 4, "e2m1") == f"sm90:{t8}"
     assert op(90, 32, 128, 256, 4, "bf16") == f"sm90:{t16}"
     assert op(90, 79, 128, 256, 4, "bf16") == f"sm90:{t16}"
@@ -160,6 +162,12 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     assert op(90, 319, 128, 256, 4, "e2m1") == f"sm90:{w80}"
     assert op(90, 320, 128, 256, 4, "bf16") == f"sm90:{w128}"
     assert op(90, 479, 128, 256, 4, "e2m1") == f"sm90:{w128}"
+    for n in (136, 2048):
+        assert op(90, 224, n, 256, 4, "bf16") == f"sm90:{w256t80}"
+        assert op(90, 319, n, 256, 4, "f16") == f"sm90:{w256t80}"
+        assert op(90, 320, n, 256, 4, "e2m1") == f"sm90:{w256t128}"
+        assert op(90, 479, n, 256, 4, "bf16") == f"sm90:{w256t128}"
+        assert op(90, 480, n, 256, 4, "bf16") == f"sm90:{w160}"
     assert op(90, 480, 128, 256, 4, "bf16") == f"sm90:{w160}"
     assert op(90, 639, 128, 256, 4, "f16") == f"sm90:{w160}"
     assert op(90, 640, 128, 256, 4, "bf16") == f"sm90:{w256}"
@@ -169,7 +177,7 @@ def test_grouped_forcing_on_sm90(monkeypatch):
     assert op(90, 64, 128, 256, 4, "f32") == "generic:grouped_simt_64x64"
     # Forced by name, a wgmma tile runs outside its band wherever the wgmma configs can (and is refused with the
     # reason where not).
-    for name in (w160, w32):
+    for name in (w160, w32, w256t80, w256t128):
         with forced(config=name):
             assert op(90, 96, 128, 256, 4, "bf16") == f"sm90:{name}"  # 24 rows a group
             assert op(90, 512, 128, 256, 4, "e2m1") == f"sm90:{name}"  # 128 rows a group

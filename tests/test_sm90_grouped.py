@@ -36,11 +36,13 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 E2M1 = "e2m1"
 CONFIGS = (-1, 0, 1)  # select's pick, the 8- and 16-token configs
-# The wgmma configs (64-, 128-, 80-, 256-, 160- and 32-row token tiles), by index and name; 6 and 7 run only forced.
+# The wgmma configs (64-, 128-, 80-, 256-, 160- and 32-row token tiles of 128 weight rows, then 80- and 128-row token
+# tiles of 256 weight rows: four consumer warpgroups), by index and name.
 WGMMA_CONFIGS = {2: "sm90_nvfp4_grouped_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_grouped_w128xt128xk128_s5_b1_ws_rs",
                  4: "sm90_nvfp4_grouped_w128xt80xk256_s3_b1_ws_rs", 5: "sm90_nvfp4_grouped_w128xt256xk128_s3_b1_ws_rs",
-                 6: "sm90_nvfp4_grouped_w128xt160xk128_s4_b1_ws_rs", 7: "sm90_nvfp4_grouped_w128xt32xk256_s6_b1_ws_rs"}
-WGMMA_IDS = {2: "t64", 3: "t128", 4: "t80", 5: "t256", 6: "t160", 7: "t32"}
+                 6: "sm90_nvfp4_grouped_w128xt160xk128_s4_b1_ws_rs", 7: "sm90_nvfp4_grouped_w128xt32xk256_s6_b1_ws_rs",
+                 8: "sm90_nvfp4_grouped_w256xt80xk128_s5_b1_ws_rs", 9: "sm90_nvfp4_grouped_w256xt128xk128_s4_b1_ws_rs"}
+WGMMA_IDS = {2: "t64", 3: "t128", 4: "t80", 5: "t256", 6: "t160", 7: "t32", 8: "w256t80", 9: "w256t128"}
 # The dense configs whose pipelines they share.
 DENSE_OF = {2: "sm90_nvfp4_w128xt64xk256_s4_b1_ws_rs", 3: "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs",
             5: "sm90_nvfp4_w128xt256xk128_s3_b1_ws_rs", 7: "sm90_nvfp4_w128xt32xk256_s6_b1_ws_rs"}
@@ -241,10 +243,11 @@ def test_wgmma_config_random_routings(a_kind, config):
 @pytest.mark.parametrize("a_kind", [BF16, E2M1], ids=["bf16", "e2m1"])
 def test_select_wgmma_tile_by_rows_per_group(a_kind):
     """select's wgmma tiles by average rows per group (grouped_backend.cu): the 32-token one from 20, the 64-token
-    one from 28, the 80-token one from 56, the 128-token one from 80, the 160-token one from 120 (one tile holds a
-    group of ~128 whole), the 256-token one from 160; each against the reference."""
-    for counts, config in (([20, 30, 25, 21], 7), ([40, 0, 30, 50], 2), ([70, 0, 60, 100], 4),
-                           ([100, 0, 150, 130], 3), ([130, 120, 125, 135], 6), ([300, 0, 200, 200], 5)):
+    one from 28, the 80-token one from 56, the 128-token one from 80 (both over 256 weight rows, as N = 264 > 128),
+    the 160-token one from 120 (one tile holds a group of ~128 whole), the 256-token one from 160; each against the
+    reference."""
+    for counts, config in (([20, 30, 25, 21], 7), ([40, 0, 30, 50], 2), ([70, 0, 60, 100], 8),
+                           ([100, 0, 150, 130], 9), ([130, 120, 125, 135], 6), ([300, 0, 200, 200], 5)):
         x = make_grouped(counts, 264, 512, a_kind, out_dtype=BF16, seed=sum(counts))
         with nvfp4_gemm.testing.recorded_choices() as lines:
             out = nvfp4_gemm.grouped_mm(x["a"], x["b"], x["sfa"], x["sfb"], x["offs"], alpha=x["alpha"],
@@ -264,6 +267,38 @@ def test_wgmma_tiles_160_and_32_on_their_groups(a_kind, config, counts):
     for i, out_dtype in enumerate((F16, BF16, F32)):
         x = make_grouped(counts, 264, 1280, a_kind, out_dtype=out_dtype, alpha=i != 2, seed=70 + i)
         check_grouped(x, run_grouped(x, config), f"config {config} counts {counts} out {out_dtype}")
+
+
+# The 256-row weight tiles' groups: each token tile's size filled (80, 128) and spilled by one row (81, 129), an empty
+# and a one-row group beside groups of a few tiles.
+W256_COUNTS = {8: [80, 81, 0, 1, 64, 72, 160, 17], 9: [128, 117, 129, 0, 1, 139, 256, 40]}
+
+
+@pytest.mark.parametrize("n", [384, 640, 264, 136])
+@pytest.mark.parametrize("config", [8, 9], ids=["w256t80", "w256t128"])
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+def test_wgmma_256_row_tiles_on_their_groups(a_kind, config, n):
+    """The 256-row weight tiles (four consumer warpgroups) forced on groups that fill a token tile and spill one row
+    past it, against the reference, every output dtype. N = 384, 640 and 264 end in a tail tile whose second 128-row
+    scale block lies past the group's scales (its box reloads the group's last block; those rows are B's zero fill and
+    never stored); N = 136 ends inside the second block."""
+    for i, out_dtype in enumerate((F16, BF16, F32)):
+        x = make_grouped(W256_COUNTS[config], n, 1280, a_kind, out_dtype=out_dtype, alpha=i != 2, seed=90 + i)
+        check_grouped(x, run_grouped(x, config), f"config {config} N {n} counts {x['counts']} out {out_dtype}")
+
+
+@pytest.mark.parametrize("config,narrow", [(9, 3), (8, 4)], ids=["w256t128-vs-t128", "w256t80-vs-t80"])
+@pytest.mark.parametrize("a_kind", [F16, BF16, E2M1], ids=["f16", "bf16", "e2m1"])
+def test_wgmma_256_row_tiles_same_bits_as_128_row(a_kind, config, narrow):
+    """A 256-row weight tile's outputs are bit for bit the 128-row tile's: each output's sum is one consumer
+    warpgroup's, over the same decoded B and A, in the same K order (64-K blocks, four k16 steps each, one accumulator
+    at 80 tokens and more), whatever the stage width (KT 128 against 256 at 80 tokens) or the fragment sets (one at
+    128 tokens). Outputs poisoned (NaN) first."""
+    for n in (384, 640, 136):
+        for out_dtype in (F32, BF16):
+            x = make_grouped(W256_COUNTS[config], n, 1024, a_kind, out_dtype=out_dtype, seed=n)
+            wide, ref = run_grouped(x, config), run_grouped(x, narrow)
+            assert torch.equal(wide, ref), f"N {n} out {out_dtype}: {WGMMA_CONFIGS[config]} != {WGMMA_CONFIGS[narrow]}"
 
 
 @pytest.mark.parametrize("config", sorted(DENSE_OF), ids=[WGMMA_IDS[c] for c in sorted(DENSE_OF)])
@@ -333,8 +368,9 @@ def test_garbage_offsets_stay_in_bounds(a_kind):
             assert (buf[:32] == -7.0).all() and (buf[32 + T:] == -7.0).all(), f"offs {offs}: wrote outside C"
 
 
-@pytest.mark.parametrize("config", [0, 1, 2, 3, 4, 6, 7],
-                         ids=["t8", "t16", "wgmma64", "wgmma128", "wgmma80", "wgmma160", "wgmma32"])
+@pytest.mark.parametrize("config", [0, 1, 2, 3, 4, 6, 7, 8, 9],
+                         ids=["t8", "t16", "wgmma64", "wgmma128", "wgmma80", "wgmma160", "wgmma32", "w256t80",
+                              "w256t128"])
 def test_sfa_too_small_for_routing_gives_nan_rows(config):
     """The routing needs 384 padded sfa rows but the buffer holds 128 (the binding cannot see offs): group 0's rows
     are right, groups 1 and 2 (whose scales start at padded rows 128 and 256) come out NaN, never read past."""

@@ -3,7 +3,8 @@ on MoE layer shapes against the read floor: the bytes of the experts the routing
 scales) at the measured device-to-device copy bandwidth. Each GEMM (gate_up: N = 2I, K = H; down: N = H, K = I)
 is timed as a CUDA graph of back-to-back calls over enough layers that the experts hit exceed 3x L2.
 --configs -1,0,1 times each config (-1: select's pick; 0, 1: the 8- and 16-token K-sliced configs; 2-7 the wgmma
-tiles of 64, 128, 80, 256, 160 and 32 tokens, 6 and 7 run only forced, as here) on every point.
+tiles of 64, 128, 80, 256, 160 and 32 tokens over 128 weight rows, 8 and 9 those of 80 and 128 tokens over 256)
+on every point.
 Run: python benchmarks/diagnostics/sm90_grouped_bench.py [--tokens 1,16,64] [--shapes mixtral,dsv3,qwen3]
 [--configs -1]"""
 import argparse

@@ -1,7 +1,8 @@
 """Grouped-GEMM cases for compute-sanitizer (memcheck, racecheck) on the sm90 grouped kernels, through the
 private op torch.ops.nvfp4_gemm._sm90_grouped_test: empty groups, one group holding every row, groups of one
-row, T not a multiple of anything, a group spanning two sfa blocks, forced split counts (the split counters
-and partials), garbage routing (clamped on the device), fp16 / bf16 / NVFP4 A, every config (8, 16 and 32 tokens);
+row, T not a multiple of anything, a group spanning two sfa blocks, N 384 (a 256-row weight tile's tail, whose second
+128-row scale block lies past the group's scales), forced split counts (the split counters and partials), garbage
+routing (clamped on the device), fp16 / bf16 / NVFP4 A, the grouped configs given (0, 1: K-sliced; 2..9: wgmma);
 --ring adds, --ring-only runs alone, a launch of many one-stage items per CTA (each CTA's item ring s_items wraps).
 Run: compute-sanitizer --tool memcheck python benchmarks/diagnostics/sm90_grouped_sanitize_cases.py [--configs 0,1]
 [--a f16,bf16,e2m1] [--ring | --ring-only] (a subset, to fit a sanitizer run into a time budget; all of them by
@@ -67,6 +68,8 @@ if __name__ == "__main__":
             for counts in ([0, 0, 37, 0], [1, 1, 1, 1, 1], [3, 0, 0, 5, 0, 1, 2], [0, 130, 1, 0], [0, 0, 0, 1]):
                 case(counts, 136, 512, a_kind, config)
                 ran += 1
+            case([0, 105, 1, 0], 384, 512, a_kind, config)
+            ran += 1
             for splits in (2, 3):
                 case([2, 0, 5], 264, 256 * 5, a_kind, config, splits=splits)
                 ran += 1

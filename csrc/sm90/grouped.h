@@ -1,6 +1,6 @@
 // Entry point of the SM90 grouped (mixture-of-experts) GEMM for the module: the GroupedBackendApi table
 // (common/grouped.h), and the grouped configs' X-macro, from which the names, the launch tables and the
-// instantiation files (csrc/sm90/grouped_wk_t*.cu and grouped_wgmma_t*.cu, one per config and A type) all come.
+// instantiation files (csrc/sm90/grouped_wk_t*.cu and grouped_wgmma_*.cu, one per config and A type) all come.
 #pragma once
 
 #include "common/grouped.h"
@@ -14,26 +14,31 @@
 
 #define NVFP4_SM90_GROUPED_NAME(T, S, B) "sm90_nvfp4_grouped_wk_w128xt" #T "xk256_s" #S "_b" #B "_tma_mma16816"
 
-// The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): X(TOKENS, KT, STAGES), 128 B
-// rows x TOKENS rows of a group per tile, KT-wide stages, STAGES deep, one CTA per SM (the pipelines of the dense
-// 64-, 128-, 256- and 32-token configs, an 80-token one that holds a group of ~64 rows in one tile and a 160-token one
-// that holds a group of ~128 +- 11 rows in one); fp16 / bf16 A, or NVFP4 A decoded by a grouped prepass. In the
-// grouped table after the K-sliced ones, grouped configs 2..7 in this order; select (grouped_backend.cu) picks by
-// average rows a group: 32 tokens from 20, 64 from 28, 80 from 56, 128 from 80, 160 from 120, 256 from 160.
+// The grouped form of the wgmma kernel (sm90_gemm.cuh, GROUPED; grouped_wgmma.cu): X(TOKENS, KT, STAGES, W), W B rows x
+// TOKENS rows of a group per tile, KT-wide stages, STAGES deep, one CTA per SM; W = 128 (two consumer warpgroups) or
+// 256 (four: gemm_kernel's CONS = W / 64, four math warps a scheduler over the decode chain). The 128-row ones: the
+// pipelines of the dense 64-, 128-, 256- and 32-token configs, an 80-token one that holds a group of ~64 rows in one
+// tile and a 160-token one that holds a group of ~128 +- 11 rows in one; the 256-row ones of 80 and 128 tokens (the
+// latter with one decoded-fragment set); fp16 / bf16 A, or NVFP4 A decoded by a grouped prepass. In the grouped table
+// after the K-sliced ones, grouped configs 2..9 in this order; select (grouped_backend.cu) picks by average rows a
+// group: 32 tokens from 20, 64 from 28, 80 from 56, 128 from 80, 160 from 120, 256 from 160, the 80- and 128-token
+// tiles over 256 rows where N exceeds 128 (the 128-row ones only where it does not, or forced).
 #define NVFP4_SM90_GROUPED_WGMMA_CONFIGS(X) \
-  X(64, 256, 4)                             \
-  X(128, 128, 5)                            \
-  X(80, 256, 3)                             \
-  X(256, 128, 3)                            \
-  X(160, 128, 4)                            \
-  X(32, 256, 6)
+  X(64, 256, 4, 128)                        \
+  X(128, 128, 5, 128)                       \
+  X(80, 256, 3, 128)                        \
+  X(256, 128, 3, 128)                       \
+  X(160, 128, 4, 128)                       \
+  X(32, 256, 6, 128)                        \
+  X(80, 128, 5, 256)                        \
+  X(128, 128, 4, 256)
 
-#define NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S) "sm90_nvfp4_grouped_w128xt" #T "xk" #KT "_s" #S "_b1_ws_rs"
+#define NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S, W) "sm90_nvfp4_grouped_w" #W "xt" #T "xk" #KT "_s" #S "_b1_ws_rs"
 
 namespace nvfp4_gemm::sm90 {
 const GroupedBackendApi& grouped_api();
 
-inline constexpr int kNumGroupedWgmma = 6;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
+inline constexpr int kNumGroupedWgmma = 8;  // NVFP4_SM90_GROUPED_WGMMA_CONFIGS' entries
 
 // A wgmma grouped config's own conditions (wgmma_config: its index in NVFP4_SM90_GROUPED_WGMMA_CONFIGS), beyond the
 // grouped table's common ones (grouped_backend.cu check): true, or false with the reason in `why`.

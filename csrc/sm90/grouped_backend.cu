@@ -53,15 +53,17 @@ constexpr int kGwkTokens[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_TOKE
 constexpr int kNumGwk = sizeof(kGwkTokens) / sizeof(kGwkTokens[0]);
 // The K-sliced configs, then the wgmma ones (grouped_wgmma.cu).
 #define NVFP4_SM90_GROUPED_NAME_ENTRY(T, S, B) NVFP4_SM90_GROUPED_NAME(T, S, B),
-#define NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY(T, KT, S) NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S),
+#define NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY(T, KT, S, W) NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S, W),
 constexpr const char* kGroupedNames[] = {NVFP4_SM90_GROUPED_CONFIGS(NVFP4_SM90_GROUPED_NAME_ENTRY)
                                              NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY)};
 #undef NVFP4_SM90_GROUPED_NAME_ENTRY
 #undef NVFP4_SM90_GROUPED_WGMMA_NAME_ENTRY
 constexpr int kNumGrouped = sizeof(kGroupedNames) / sizeof(kGroupedNames[0]);
 static_assert(kNumGrouped == kNumGwk + kNumGroupedWgmma, "the wgmma configs after the K-sliced ones");
+// The wgmma configs by tile: the 128-row ones, then the 256-row 80- and 128-token ones (grouped.h's order).
 constexpr int kWgmma64 = kNumGwk, kWgmma128 = kNumGwk + 1, kWgmma80 = kNumGwk + 2, kWgmma256 = kNumGwk + 3,
-              kWgmma160 = kNumGwk + 4, kWgmma32 = kNumGwk + 5;
+              kWgmma160 = kNumGwk + 4, kWgmma32 = kNumGwk + 5, kWgmmaW256x80 = kNumGwk + 6,
+              kWgmmaW256x128 = kNumGwk + 7;
 constexpr bool is_wgmma(int config) { return config >= kNumGwk; }
 static_assert(static_cast<int>(AType::kE2m1) == 0 && static_cast<int>(AType::kFloat16) == 1 &&
                   static_cast<int>(AType::kBFloat16) == 2,
@@ -134,6 +136,18 @@ constexpr int64_t kGwk16FromRowsPerGroup = 8;
 //    32 rows  336.0 /  242.4 /  295.6 (Qwen3, 512)   718.0 / 443.6 / 583.1 (Mixtral, 128)  5374 / 4534 / 4847
 // so the 32-token tile from 20 rows (16 rows: within 5% of the 16-token config, 24: 5-15% ahead of the 64-token one)
 // and the 64-token one from 28 (at 32 rows half the groups need a second 32-row tile).
+// The 80- and 128-token tiles over 256 weight rows (four consumer warpgroups) against the same tiles over 128 rows and
+// the 160-token one (H200, 2026-11-30, bf16 A, layer us; w128 t80 / w256 t80 / w128 t128 / w256 t128 / w128 t160):
+//    48 rows  266.0 / 244.3 /     - / 286.2 / 370.2 (Qwen3, 768)
+//    64 rows  285.9 / 252.7 / 351.5 / 297.4 / 384.0 (Qwen3, 1024)   493.1 / 470.7 / - / 548.4 / 712.3 (Mixtral, 256)
+//             5090 / 4290 / - / 5346 / 7574 (DeepSeek-V3, 2048)
+//    96 rows  549.8 / 471.1 /     - / 315.2 / 408.6 (Qwen3, 1536; the 128-row t128 took 383.3 in the table above)
+//   128 rows  586.4 / 487.3 / 575.4 / 458.2 / 460.8 (Qwen3, 2048)   965.0 / 946.4 / - / 961.4 / 749.5 (Mixtral, 512)
+//             10479 / 8717 / - / 7552 / 8615 (DeepSeek-V3, 4096)
+//   256 rows  Mixtral 1024: w128 t128 1752.8, w256 t128 1635.5, t160 1506.3
+// So each 256-row tile takes its 128-row counterpart's band (a weight tile of 256 rows needs N > 128 to be full),
+// and the 160-token tile keeps 120-160, where Mixtral's spill of ~128-row groups into a second 128-token tile costs
+// the 256-row tile 28% (Qwen3 and DeepSeek-V3, whose tiles are many more, are level or ahead there).
 constexpr int64_t kWgmma32FromRowsPerGroup = 20;
 constexpr int64_t kWgmma64FromRowsPerGroup = 28;
 constexpr int64_t kWgmma80FromRowsPerGroup = 56;
@@ -221,10 +235,11 @@ bool check(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, char*
 }
 
 int32_t select(const GroupedProblem* p, const DeviceInfo* dev, char* why, size_t why_len) {
+  const bool wide = p->n > 128;  // a 256-row weight tile holds more than one 128-row block of N
   for (const auto& [config, from] : {std::pair{kWgmma256, kWgmma256FromRowsPerGroup},
                                      std::pair{kWgmma160, kWgmma160FromRowsPerGroup},
-                                     std::pair{kWgmma128, kWgmma128FromRowsPerGroup},
-                                     std::pair{kWgmma80, kWgmma80FromRowsPerGroup},
+                                     std::pair{wide ? kWgmmaW256x128 : kWgmma128, kWgmma128FromRowsPerGroup},
+                                     std::pair{wide ? kWgmmaW256x80 : kWgmma80, kWgmma80FromRowsPerGroup},
                                      std::pair{kWgmma64, kWgmma64FromRowsPerGroup},
                                      std::pair{kWgmma32, kWgmma32FromRowsPerGroup}})
     if (p->t >= from * p->g && check(p, config, dev, nullptr, 0)) return config;
@@ -352,12 +367,12 @@ bool run(const GroupedProblem* p, int32_t config, const DeviceInfo* dev, void* w
 const char* grouped_dispatch_rules() {
   return "T < 8 x G (average rows per group < 8): " NVFP4_SM90_GROUPED_NAME(8, 4, 2) "\n"
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
-         "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6) "\n"
-         "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4) "\n"
-         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3) "\n"
-         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5) "\n"
-         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4) "\n"
-         "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3) "\n"
+         "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6, 128) "\n"
+         "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4, 128) "\n"
+         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3, 128) "\n"
+         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5, 128) "\n"
+         "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4, 128) "\n"
+         "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3, 128) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";
 }
 

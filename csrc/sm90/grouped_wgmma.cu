@@ -1,7 +1,8 @@
 // SM90 grouped GEMM, the form for groups of tens to hundreds of rows (prefill): the wgmma kernel's grouped form
-// (sm90_gemm.cuh, GemmParams::offs) over (group, token tile, 128-row B tile), where each B tile is decoded once per
-// 32 to 256 rows of its group (the tile's TOKENS) instead of once per 8 or 16 as in the K-sliced configs. Host code;
-// the kernels are instantiated in grouped_wgmma_t{32,64,80,128,160,256}_{f16,bf16}.cu. Torch-free.
+// (sm90_gemm.cuh, GemmParams::offs) over (group, token tile, 128- or 256-row B tile), where each B tile is decoded once
+// per 32 to 256 rows of its group (the tile's TOKENS) instead of once per 8 or 16 as in the K-sliced configs. Host
+// code; the kernels are instantiated in grouped_wgmma_t{32,64,80,128,160,256}_{f16,bf16}.cu (128-row tiles) and
+// grouped_wgmma_w256_t{80,128}_{f16,bf16}.cu (256-row tiles). Torch-free.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -16,9 +17,9 @@
 
 namespace nvfp4_gemm::sm90 {
 
-#define NVFP4_SM90_GROUPED_WGMMA_EXTERN(T, KT, S)                                                   \
-  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kHalf, true>(const LaunchArgs&);       \
-  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kBf16, true>(const LaunchArgs&);
+#define NVFP4_SM90_GROUPED_WGMMA_EXTERN(T, KT, S, W)                                                  \
+  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kHalf, true, W / 64>(const LaunchArgs&);  \
+  extern template cudaError_t launch_gemm<T, KT, S, 1, Elem::kBf16, true, W / 64>(const LaunchArgs&);
 NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_EXTERN)
 #undef NVFP4_SM90_GROUPED_WGMMA_EXTERN
 
@@ -26,12 +27,12 @@ namespace {
 
 struct GwgConfig {
   const char* name;
-  int tokens, kt, stages;
+  int tokens, kt, stages, cons;  // cons: consumer warpgroups, of 64 B rows each
   cudaError_t (*launch[2])(const LaunchArgs&);  // fp16, bf16 A
 };
-#define NVFP4_SM90_GROUPED_WGMMA_ENTRY(T, KT, S) \
-  {NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S), T, KT, S,  \
-   {&launch_gemm<T, KT, S, 1, Elem::kHalf, true>, &launch_gemm<T, KT, S, 1, Elem::kBf16, true>}},
+#define NVFP4_SM90_GROUPED_WGMMA_ENTRY(T, KT, S, W)               \
+  {NVFP4_SM90_GROUPED_WGMMA_NAME(T, KT, S, W), T, KT, S, W / 64, \
+   {&launch_gemm<T, KT, S, 1, Elem::kHalf, true, W / 64>, &launch_gemm<T, KT, S, 1, Elem::kBf16, true, W / 64>}},
 constexpr GwgConfig kGwg[] = {NVFP4_SM90_GROUPED_WGMMA_CONFIGS(NVFP4_SM90_GROUPED_WGMMA_ENTRY)};
 #undef NVFP4_SM90_GROUPED_WGMMA_ENTRY
 static_assert(sizeof(kGwg) / sizeof(kGwg[0]) == kNumGroupedWgmma, "grouped.h counts the wgmma configs");
@@ -113,7 +114,8 @@ bool grouped_wgmma_check(const GroupedProblem& p, int wgmma_config, char* why, s
     return no("T x K = %lld x %lld needs more than 2 GiB of workspace", static_cast<long long>(p.t),
               static_cast<long long>(p.k));
   // The kernel's (tile, K tile) units are 32-bit: at most (T / TOKENS + G) tiles of each B-row tile.
-  const int64_t units = (ceil_div(p.t, int64_t{c.tokens}) + p.g) * ceil_div(p.n, int64_t{kTileW}) * (p.k / c.kt);
+  const int64_t units =
+      (ceil_div(p.t, int64_t{c.tokens}) + p.g) * ceil_div(p.n, int64_t{tile_rows(c.cons)}) * (p.k / c.kt);
   if (units >= (int64_t{1} << 31))
     return no("%lld work units exceed the kernel's 32-bit indices", static_cast<long long>(units));
   return true;
@@ -130,21 +132,24 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
   }
   const bool bf16 = p.a_type == AType::kBFloat16, a4 = p.a_type == AType::kE2m1;
   const int sf_atoms_per_row = static_cast<int>(p.k / 64);
-  const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{kTileW}));
+  const int weight_rows = tile_rows(c.cons);  // a tile's
+  const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{weight_rows}));
   LaunchArgs args{};
   GemmParams& gp = args.params;
-  // B: [g][n][k/2] bytes, one (K tile, 128-row block, group) box a stage; rows past N read as zero.
+  // B: [g][n][k/2] bytes, one (K tile, B tile, group) box a stage; rows past N read as zero (the last tile's, where N
+  // is not a multiple of the tile's rows), not as the next group's.
   const cuuint64_t b_dims[3] = {static_cast<cuuint64_t>(p.k / 2), static_cast<cuuint64_t>(p.n),
                                 static_cast<cuuint64_t>(p.g)};
   const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(p.ldb), static_cast<cuuint64_t>(p.b_group_bytes)};
-  const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(c.kt / 2), kTileW, 1};
+  const cuuint32_t b_box[3] = {static_cast<cuuint32_t>(c.kt / 2), static_cast<cuuint32_t>(weight_rows), 1};  // <= 256
   if (!encode_map(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, p.b, b_dims, b_strides, b_box,
                   c.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90 grouped: cuTensorMapEncodeTiled failed for B");
     return false;
   }
-  // B's scales as rows of 256 bytes (half an atom), the groups' blocked scales one after another.
-  gp.sf_group_rows = tiles_w * sf_atoms_per_row * 2;
+  // B's scales as rows of 256 bytes (half an atom), the groups' blocked scales one after another, each N rows padded to
+  // 128 (whatever the tile; a 256-row tile loads one box per 128-row block, gemm_kernel's load_b).
+  gp.sf_group_rows = static_cast<int>(ceil_div(p.n, kSfAtomRows)) * sf_atoms_per_row * 2;
   if (!encode_2d(&gp.tmap_sf, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.sfb, 256,
                  static_cast<uint64_t>(p.g) * static_cast<uint64_t>(gp.sf_group_rows), 256, 256, static_cast<uint32_t>(2 * c.kt / 64),
                  CU_TENSOR_MAP_SWIZZLE_NONE)) {
@@ -204,7 +209,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
     cudaGetLastError();
     if (err && err_len)
       std::snprintf(err, err_len, "sm90 grouped %s: launch failed (grid %d, %d bytes of shared memory): %s",
-                    c.name, gp.grid, smem_bytes(c.tokens, c.kt, c.stages),
+                    c.name, gp.grid, smem_bytes(c.tokens, c.kt, c.stages, c.cons),
                     cudaGetErrorString(e));
     return false;
   }

@@ -62,17 +62,28 @@
 
 namespace nvfp4_gemm::sm90 {
 
-inline constexpr int kTileW = 128;   // B rows per CTA: 2 consumer warpgroups x wgmma M = 64
-inline constexpr int kThreads = 384; // producer warpgroup + 2 consumer warpgroups
+// A CTA is one producer warpgroup and CONS consumer warpgroups, each of which decodes 64 rows of B and runs wgmma
+// (M = 64) on them: a weight tile of 64 x CONS rows. The dense form runs CONS = 2 (kTileW rows, kThreads threads);
+// the grouped form also CONS = 4, four math warps a scheduler instead of two to hide the decode chain's latency
+// (docs/NOTES.md section 8, item 2).
+constexpr int tile_rows(int cons) { return 64 * cons; }
+constexpr int cta_threads(int cons) { return 128 * (cons + 1); }
+inline constexpr int kTileW = tile_rows(2);
+inline constexpr int kThreads = cta_threads(2);
 
-// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [128][KT/2] bytes (SW64
-// for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each).
+// One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [64 CONS][KT/2] bytes (SW64
+// for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each) per 128 rows of B.
 constexpr int stage_a_bytes(int tokens, int kt) { return tokens * kt * 2; }
-constexpr int stage_b_bytes(int kt) { return kTileW * kt / 2; }
-constexpr int stage_bytes(int tokens, int kt) {
-  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt) + (kt / 64) * kSfAtomBytes;
+constexpr int stage_b_bytes(int kt, int cons) { return tile_rows(cons) * kt / 2; }
+constexpr int stage_sf_bytes(int kt, int cons) {
+  return tile_rows(cons) / static_cast<int>(kSfAtomRows) * (kt / 64) * static_cast<int>(kSfAtomBytes);
 }
-constexpr int smem_bytes(int tokens, int kt, int stages) { return stages * stage_bytes(tokens, kt) + 2 * stages * 8 + 1024; }
+constexpr int stage_bytes(int tokens, int kt, int cons = 2) {
+  return stage_a_bytes(tokens, kt) + stage_b_bytes(kt, cons) + stage_sf_bytes(kt, cons);
+}
+constexpr int smem_bytes(int tokens, int kt, int stages, int cons = 2) {
+  return stages * stage_bytes(tokens, kt, cons) + 2 * stages * 8 + 1024;
+}
 
 // Logical K offset (0..63) inside a 64-K block of the element that wgmma step s (0..3) reads at
 // column j (0..15). Thread quad lane q holds scale group q; its two fp16x2 registers per row hold group
@@ -90,7 +101,7 @@ constexpr int divisor_upto(int n, int cap) {
 
 struct GemmParams {
   CUtensorMap tmap_a;     // A_dec [rows][kp] fp16, box {64, TOKENS}, SWIZZLE_128B
-  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 128}, SWIZZLE_64B (KT 128) or 128B (KT 256)
+  CUtensorMap tmap_b;     // B [n][k/2] bytes, box {KT/2, 64 CONS}, SWIZZLE_64B (KT 128) or 128B (KT 256)
   CUtensorMap tmap_sf;    // blocked scales of B as [half atoms][256] bytes, box {256, 2 * KT/64}
   const uint8_t* sfb;     // blocked scales of B
   const float* alpha;     // nullptr: 1
@@ -102,7 +113,7 @@ struct GemmParams {
   int m, n, k;
   int sf_atoms_per_row;   // ceil(K/16 / 4)
   int ktiles;             // ceil(K / 128)
-  int tiles_w, tiles;     // B-row tiles, all (B-row x token) tiles
+  int tiles_w, tiles;     // B-row tiles (of 64 CONS rows), all (B-row x token) tiles
   int grid;               // CTAs; CTA c runs global K tiles [c * total / grid, (c+1) * total / grid)
   int cluster;            // 1: that balanced split; S > 1: a tile's K is cut into S x G slices (G = cluster_groups),
                           // CTA c runs slice c % (S G) of tile c / (S G), and each S consecutive CTAs are one
@@ -121,7 +132,7 @@ struct GemmParams {
   // of each group start sf_group_rows apart, and the tiles come from offs on the device (GroupedTiles).
   const int32_t* offs;    // [groups], nullptr in the dense form
   int groups;
-  int sf_group_rows;      // 256-byte scale rows per group: ceil(n / 128) * sf_atoms_per_row * 2
+  int sf_group_rows;      // 256-byte scale rows per group: ceil(n / 128) * sf_atoms_per_row * 2, whatever the tile
 };
 
 // Groups the grouped form takes: its per-group table lives in static shared memory beside the pipeline.
@@ -177,6 +188,7 @@ NVFP4_SM90_WGMMA(16)
 NVFP4_SM90_WGMMA(32)
 NVFP4_SM90_WGMMA(64)
 NVFP4_SM90_WGMMA(80)
+NVFP4_SM90_WGMMA(104)  // the four-consumer-warpgroup form's largest tile within 112 registers a consumer thread
 NVFP4_SM90_WGMMA(128)
 NVFP4_SM90_WGMMA(160)  // the grouped form's tile for groups of ~128 + 2 sqrt(128) rows (m64n160: an extended shape)
 NVFP4_SM90_WGMMA(256)
@@ -229,15 +241,16 @@ __device__ __forceinline__ void store_quad(const GemmParams& p, int n0, int m0, 
 }
 
 // A tile of C staged in shared memory (the segment's last pipeline stage, released only after it): TOKENS rows of
-// 128 values of T, each row padded by 16 bytes so that the quads of a warp's stores fall in distinct banks.
-template <typename T>
-__host__ __device__ constexpr int staged_row_bytes() { return 128 * static_cast<int>(sizeof(T)) + 16; }
+// COLS values of T (the weight tile's rows), each row padded by 16 bytes so that the quads of a warp's stores fall in
+// distinct banks.
+template <typename T, int COLS>
+__host__ __device__ constexpr int staged_row_bytes() { return COLS * static_cast<int>(sizeof(T)) + 16; }
 
 // Writes one thread's accumulator quad (rows n0, n0+8 of the weight tile, tile-local; tokens m0, m0+1) into the
 // staged tile.
-template <typename T>
+template <typename T, int COLS>
 __device__ __forceinline__ void stage_quad(uint8_t* tile, int n0, int m0, float4 v, float scale) {
-  constexpr int kRow = staged_row_bytes<T>();
+  constexpr int kRow = staged_row_bytes<T, COLS>();
   T* r0 = reinterpret_cast<T*>(tile + m0 * kRow);
   T* r1 = reinterpret_cast<T*>(tile + (m0 + 1) * kRow);
   r0[n0] = convert_out<T>(v.x * scale);
@@ -249,12 +262,12 @@ __device__ __forceinline__ void stage_quad(uint8_t* tile, int n0, int m0, float4
 // Copies `rows` staged rows to C rows m_base.. (below m_end) and columns n_base.. (the consumers' threads, t of
 // `consumers`): 16-byte stores where C allows them (GemmParams::staged_c), element by element where it does not or
 // where a 16-byte chunk crosses C's edge.
-template <typename T>
+template <typename T, int COLS>
 __device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t* tile, int rows, int m_base, int n_base,
                                              int m_end, int t, int consumers) {
-  constexpr int kRow = staged_row_bytes<T>();
+  constexpr int kRow = staged_row_bytes<T, COLS>();
   constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // values per chunk
-  constexpr int kChunks = 128 / kPer;                     // chunks per row
+  constexpr int kChunks = COLS / kPer;                    // chunks per row
   for (int c = t; c < rows * kChunks; c += consumers) {
     const int m = c / kChunks, k = c % kChunks;
     const int gm = m_base + m, gn = n_base + k * kPer;
@@ -300,13 +313,13 @@ __device__ __forceinline__ float4 sum_in_order(int n, Load load) {
   return sum;
 }
 
-// The grouped form's work list from offs (GroupedTiles); every thread of the CTA calls it. Returns the tile count.
-// Group g's rows are [end_{g-1}, end_g) with end the running max of offs clamped to [0, T] (as the K-sliced kernel
-// reads them, grouped_schedule.h): a decreasing offset makes an empty group and groups never overlap.
-template <int TOKENS>
+// The grouped form's work list from offs (GroupedTiles); every thread of the CTA (THREADS) calls it. Returns the tile
+// count. Group g's rows are [end_{g-1}, end_g) with end the running max of offs clamped to [0, T] (as the K-sliced
+// kernel reads them, grouped_schedule.h): a decreasing offset makes an empty group and groups never overlap.
+template <int TOKENS, int THREADS>
 __device__ __forceinline__ int build_grouped_tiles(const GemmParams& p, GroupedTiles& gt) {
   const int groups = p.groups, t = p.m;
-  for (int g = threadIdx.x; g < groups; g += kThreads) gt.end[g] = min(max(p.offs[g], 0), t);
+  for (int g = threadIdx.x; g < groups; g += THREADS) gt.end[g] = min(max(p.offs[g], 0), t);
   __syncthreads();
   if (threadIdx.x < 32) {
     scan_groups<int>(
@@ -335,32 +348,53 @@ __device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The main kernel. grid = params.grid CTAs of 384 threads: warpgroup 0 produces (one thread issues TMA),
-// warpgroups 1 and 2 decode B and run wgmma on 64 B rows each.
+// The main kernel. grid = params.grid CTAs of 128 (CONS + 1) threads: warpgroup 0 produces (one thread issues TMA),
+// warpgroups 1 .. CONS decode B and run wgmma on 64 B rows each.
 // CTAS_PER_SM = 2 (small token tiles only): two CTAs share an SM, twice the consumer warps to hide the
 // decode's latency, at 80 registers a thread and without setmaxnreg (the pool is split between CTAs).
 // E: the 16-bit type of the MMA (A's type in the weight-only form; fp16 for W4A4).
 // GROUPED: the grouped (mixture-of-experts) form. The grid is one wave; CTA c runs the whole tiles
 // [c * tiles / grid, (c + 1) * tiles / grid) of the work list built from offs (GroupedTiles), so a tile never
 // splits, and each tile reads its group's B and its rows of A_dec and stores the rows of its group only.
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
-__global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES) + 1024) <= 233472,
+// CONS: consumer warpgroups, 2 or (grouped form only) 4. With 4 a CTA is 640 threads over a 256-row weight tile: each
+// scheduler holds four math warps, and a consumer thread gets 112 registers (setmaxnreg below), which hold one
+// accumulator set (kAcc = 1) of at most 104 tokens beside the two fragment sets (at 112 tokens ptxas spills fragments
+// and serializes the wgmmas), or of up to 128 beside one set (kFragSets). The split paths (stream-K partials, cluster
+// sums) count on 256 consumer threads, so four consumer warpgroups run the grouped form's whole tiles only.
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
+__global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(CONS == 2 || (CONS == 4 && GROUPED && CTAS_PER_SM == 1 && TOKENS > 64 && TOKENS <= 128),
+                "four consumer warpgroups: the grouped form's whole tiles, one accumulator set of 72..128 tokens");
+  static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES, CONS) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
   static_assert(TOKENS % 8 == 0 && TOKENS <= 256,
                 "wgmma N, A's TMA box of TOKENS rows (at most 256) and whole 8-row SW128 atoms and accumulator quads");
-  static_assert(TOKENS * 512 <= STAGES * stage_bytes(TOKENS, KT), "a cluster stages 256 threads' sums in the stages");
+  static_assert(TOKENS * 512 <= STAGES * stage_bytes(TOKENS, KT, CONS),
+                "a cluster stages 256 threads' sums in the stages");
+  constexpr int kRows = tile_rows(CONS);    // B rows of a tile
+  constexpr int kConsumers = 128 * CONS;    // consumer threads
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
   constexpr int kABytes = TOKENS * 64 * 2;  // one 64-K block of A_dec
   constexpr int kBOff = kNB * kABytes;      // packed B inside a stage
-  constexpr int kSfOff = kBOff + stage_b_bytes(KT);
-  constexpr int kStage = stage_bytes(TOKENS, KT);
+  constexpr int kSfOff = kBOff + stage_b_bytes(KT, CONS);
+  // B's scales in a stage: one box of kNB atoms per 128-row block of the tile, the blocks one after another.
+  constexpr int kSfBoxes = kRows / static_cast<int>(kSfAtomRows);
+  constexpr int kSfBoxBytes = kNB * static_cast<int>(kSfAtomBytes);
+  constexpr int kStage = stage_bytes(TOKENS, KT, CONS);
   static_assert(kABytes % 1024 == 0 && kStage % 1024 == 0, "A blocks and stages start on SW128's 1024-byte period");
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
   // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
   constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
+  // setmaxnreg: the producer warpgroup hands registers to the consumers through the CTA's pool, which holds what the
+  // CTA launched with: __launch_bounds__ gives each thread 65536 / threads rounded down to 8, 168 of 384 threads
+  // (128 x 40 + 256 x 232) or 96 of 640 (128 x 32 + 512 x 112; an increase past the pool would wait forever).
+  constexpr int kLaunchRegs = 65536 / cta_threads(CONS) / 8 * 8;
+  constexpr int kProducerRegs = CONS == 2 ? 40 : 32, kConsumerRegs = CONS == 2 ? 232 : 112;
+  static_assert(CTAS_PER_SM > 1 ||
+                    128 * kProducerRegs + kConsumers * kConsumerRegs <= cta_threads(CONS) * kLaunchRegs,
+                "setmaxnreg within the registers the CTA launched with");
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
@@ -378,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const int cta = blockIdx.x;
   int u_begin, u_end;
   if constexpr (GROUPED) {
-    const int tiles = build_grouped_tiles<TOKENS>(p, gtiles);
+    const int tiles = build_grouped_tiles<TOKENS, cta_threads(CONS)>(p, gtiles);
     u_begin = static_cast<int>(range_start(cta, tiles, p.grid)) * p.ktiles;
     u_end = static_cast<int>(range_start(cta + 1, tiles, p.grid)) * p.ktiles;
   } else if (p.cluster > 1) {  // K slice cta % (S G) of tile cta / (S G): one segment
@@ -398,14 +432,14 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     }
     for (int s = 0; s < STAGES; ++s) {
       Barrier::init(&full_bar[s], 1);
-      EmptyBarrier::init(&empty_bar[s], 8);  // one arrive per consumer warp
+      EmptyBarrier::init(&empty_bar[s], kConsumers / 32);  // one arrive per consumer warp
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {
-    if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0 && u_end > u_begin) {
       cute::prefetch_tma_descriptor(&p.tmap_a);
       cute::prefetch_tma_descriptor(&p.tmap_b);
@@ -429,17 +463,26 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
         // zero fill after the last), which are never read: their blocks are skipped.
         const int a_blocks = min(kNB, (p.k - kt * KT + 63) / 64);
         uint8_t* st = smem + s * kStage;
-        Barrier::arrive_and_expect_tx(&full_bar[s], a_blocks * kABytes + stage_b_bytes(KT) + kNB * kSfAtomBytes);
+        Barrier::arrive_and_expect_tx(&full_bar[s],
+                                      a_blocks * kABytes + stage_b_bytes(KT, CONS) + kSfBoxes * kSfBoxBytes);
         if constexpr (GROUPED) {
           const GroupedTile gt = tile_of(tile);
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
-                                       gt.g * p.sf_group_rows + (gt.tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
+          // Box h holds the atoms of the tile's 128-row block h. The group's scales hold ceil(n / 128) blocks (the
+          // blocked layout pads N to 128 rows), so where a 256-row tile's second block starts at or past N, its box
+          // is the group's last block again: the load stays inside the group's scales, and the rows it serves are
+          // past N, where B's 3-D map reads zeros and nothing is stored.
+#pragma unroll
+          for (int h = 0; h < kSfBoxes; ++h) {
+            const int blk = kSfBoxes == 1 ? gt.tile_w : min(gt.tile_w * kSfBoxes + h, (p.n - 1) / 128);
+            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff + h * kSfBoxBytes, 0,
+                                         gt.g * p.sf_group_rows + (blk * p.sf_atoms_per_row + kNB * kt) * 2);
+          }
           cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2),
-                                       gt.tile_w * kTileW, gt.g);
+                                       gt.tile_w * kRows, gt.g);
         } else {
           cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
                                        (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kTileW);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kRows);
         }
       };
       auto load_a = [&](int u, int s) {
@@ -475,9 +518,9 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     return;
   }
 
-  if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<232>();
+  if constexpr (CTAS_PER_SM == 1) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   cudaGridDependencySynchronize();  // the split counters are zeroed by the prepass
-  const int t = threadIdx.x - 128;        // 0..255 over both consumer warpgroups
+  const int t = threadIdx.x - 128;        // 0 .. kConsumers - 1 over the consumer warpgroups
   uint64_t* const trace = t == 0 ? trace_of(p) : nullptr;
   uint64_t trace_info = 0;
   if (trace) trace_at(trace, cta, 2, global_ns());
@@ -490,31 +533,42 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
   const uint32_t brow0 = kBOff + row0 * (KT / 2) + (q & 1) * 8, brow1 = kBOff + row1 * (KT / 2) + (q & 1) * 8;
   const int bx0 = (KT == 128 ? ((row0 >> 1) & 3) : (row0 & 7)) ^ (q / 2);
   const int bx1 = (KT == 128 ? ((row1 >> 1) & 3) : (row1 & 7)) ^ (q / 2);
-  const uint32_t sfoff0 = kSfOff + (row0 % 32) * 16 + (row0 / 32) * 4 + q;
-  const uint32_t sfoff1 = kSfOff + (row1 % 32) * 16 + (row1 / 32) * 4 + q;
+  // Row r's scale byte of group q inside a stage: its 128-row block's box, then the atom's 32 x 4 x 4 blocked place of
+  // row r % 128 (with one box, r < 128).
+  auto sf_off = [&](int r) {
+    const int box = kSfBoxes == 1 ? 0 : r / 128, rb = kSfBoxes == 1 ? r : r % 128;
+    return static_cast<uint32_t>(kSfOff + box * kSfBoxBytes + (rb % 32) * 16 + (rb / 32) * 4 + q);
+  };
+  const uint32_t sfoff0 = sf_off(row0), sfoff1 = sf_off(row1);
   // The byte offsets of block j's 8-byte groups inside a stage, once: 16-byte chunk 2 j + q / 2 = (2 j) ^ (q / 2)
   // of the row, XORed with the swizzle bits (bx holds both). Kept in registers so that the first block of each
-  // stage does not rebuild them from the thread index (the compiler did, ~20 instructions a stage).
+  // stage does not rebuild them from the thread index (the compiler did, ~20 instructions a stage). Four consumer
+  // warpgroups have no registers to spare for them: there the compiler rebuilds them, and row1's are row0's plus 8
+  // rows (both swizzles repeat every 8 rows, so bx1 == bx0), an immediate offset of the load.
   uint32_t boff0[kNB], boff1[kNB];
 #pragma unroll
   for (int j = 0; j < kNB; ++j) {
     boff0[j] = brow0 + (((2 * j) ^ bx0) << 4);
     boff1[j] = brow1 + (((2 * j) ^ bx1) << 4);
     // Opaque to the compiler, so kept in registers rather than rebuilt.
-    asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
+    if constexpr (CONS == 2) asm volatile("" : "+r"(boff0[j]), "+r"(boff1[j]));
   }
   const uint32_t smem_base = cute::cast_smem_ptr_to_uint(smem);
   using Dec = BDecode<E>;
 
   float acc[kAcc][TOKENS / 2];
-  uint32_t fr0[16], fr1[16];  // decoded B for the two 64-K blocks in flight
+  // Decoded B for the two 64-K blocks in flight: block b + 1 decoded while block b's wgmmas run. Four consumer
+  // warpgroups past 104 tokens hold one set: each decodes block b + 1 once block b's wgmmas are done, and the other
+  // three warpgroups' wgmmas run meanwhile.
+  constexpr int kFragSets = CONS == 4 && TOKENS > 104 ? 1 : 2;
+  uint32_t fr0[16], fr1[16];
 
   // Decodes 64-K block j of stage s into fr: [0..3] row0 elems 0..7, [4..7] row1 elems 0..7,
   // [8..11] row0 elems 8..15, [12..15] row1 elems 8..15 (as pairs (e, e+4), see decode_word).
   auto decode = [&](uint32_t(&fr)[16], int s, int j) {
     const uint8_t* st = smem + s * kStage;
     const uint2 w0 = *reinterpret_cast<const uint2*>(st + boff0[j]);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(st + boff1[j]);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(st + (CONS == 2 ? boff1[j] : boff0[j] + 8 * (KT / 2)));
     const uint16_t sc = static_cast<uint16_t>(st[sfoff0 + j * kSfAtomBytes]) |
                         static_cast<uint16_t>(static_cast<uint16_t>(st[sfoff1 + j * kSfAtomBytes]) << 8);
     const uint32_t s2 = Dec::scales(sc);
@@ -578,17 +632,20 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     if (trace && seg < 2) trace_at(trace, cta, 3 + 3 * seg, global_ns());
     decode(fr0, s, 0);
     for (int j = 0; j < n_kt; ++j) {
-      // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB).
-      const int nblk = min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
+      // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB). Four consumer
+      // warpgroups run the grouped form only, whose K is a multiple of 256: every stage is whole, and the count's
+      // registers are spared.
+      const int nblk = CONS == 4 ? kNB : min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
       const int s_next = s + 1 == STAGES ? 0 : s + 1;
       const int phase_next = s + 1 == STAGES ? phase ^ 1 : phase;
 #pragma unroll
       for (int blk = 0; blk < kNB; ++blk) {
         if (blk < nblk) {
-          uint32_t(&cur)[16] = (blk % 2 == 0) ? fr0 : fr1;
-          uint32_t(&nxt)[16] = (blk % 2 == 0) ? fr1 : fr0;
+          uint32_t(&cur)[16] = (kFragSets == 1 || blk % 2 == 0) ? fr0 : fr1;
+          uint32_t(&nxt)[16] = (kFragSets == 2 && blk % 2 == 0) ? fr1 : fr0;
           issue(cur, s, blk);
-          cute::warpgroup_wait<1>();  // block blk - 1 is done: its registers and (blk 0) its stage are free
+          // Block blk - 1 is done: its registers and (blk 0) its stage are free; with one set, block blk too.
+          cute::warpgroup_wait<kFragSets - 1>();
 #pragma unroll
           for (int x = 0; x < 16; ++x) cute::warpgroup_fence_operand(nxt[x]);
           if (blk == 0 && j > 0) release(s == 0 ? STAGES - 1 : s - 1);
@@ -639,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
       const int S = p.cluster, G = p.cluster_groups, r = static_cast<int>(cluster.block_rank());
       const int group = cta % (S * G) / S;
       const int tile = cta / (S * G), tile_w = tile % p.tiles_w, tile_t = tile / p.tiles_w;
-      const int n0 = tile_w * kTileW + row0;
+      const int n0 = tile_w * kRows + row0;
       constexpr int X = TOKENS / 8;
       const int x_lo = r * X / S, x_hi = (r + 1) * X / S;
       // This cluster's rows of the tile in the workspace: [tile][group][X][256] float4s (G > 1).
@@ -667,42 +724,44 @@ __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) gemm_kernel(const __gri
     int n_base, m_base, m_end;  // the tile's first column and row of C, and the end of its rows
     if constexpr (GROUPED) {
       const GroupedTile gt = grouped_tile<TOKENS>(gtiles, p.groups, p.tiles_w, tile);
-      n_base = gt.tile_w * kTileW;
+      n_base = gt.tile_w * kRows;
       m_base = gt.m_base;
       m_end = gt.m_end;
       scale = p.alpha ? p.out_mult * p.alpha[gt.g] : p.out_mult;
     } else {
-      n_base = tile % p.tiles_w * kTileW;
+      n_base = tile % p.tiles_w * kRows;
       m_base = tile / p.tiles_w * TOKENS;
       m_end = p.m;
     }
     // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread), token rows 8x .. 8x + 7):
-    // staged in the segment's last stage kRound token rows at a time (the whole tile where it fits: always in fp16
-    // and bf16, up to 80 tokens in float32; rounds of 72 of 128, 88 of 160 and 136 of 256 float32 rows), each round
-    // copied out by rows (store_staged). One store path for every tile, output type and C alignment: the
-    // bounds-checked quad stores it replaces, unrolled per quad and output type, were most of the kernel's
-    // instructions.
-    // `synced`: both warpgroups have passed a consumer barrier since their last wgmma (the split paths have), so
-    // the stage may be written without another one.
+    // staged in the segment's last stage kRound token rows at a time (the whole tile where it fits: with two consumer
+    // warpgroups always in fp16 and bf16, up to 80 tokens in float32, rounds of 72 of 128, 88 of 160 and 136 of 256
+    // float32 rows; with four, whose staged rows are twice as wide, rounds of 96 / 48 fp16 / float32 rows of 128,
+    // 80 / 40 of 104 and 72 / 32 of 80), each round copied out by rows (store_staged). One store path for every tile,
+    // output type and C alignment: the bounds-checked quad stores it replaces, unrolled per quad and output type, were
+    // most of the kernel's instructions.
+    // `synced`: every consumer warpgroup has passed a consumer barrier since its last wgmma (the split paths have),
+    // so the stage may be written without another one.
     auto output_as = [&](auto tag, bool synced, auto&& quads) {
       using T = decltype(tag);
-      constexpr int kFit = kStage / staged_row_bytes<T>() / 8 * 8;
+      constexpr int kFit = kStage / staged_row_bytes<T, kRows>() / 8 * 8;
       constexpr int kRound = TOKENS < kFit ? TOKENS : kFit;
       static_assert(kRound >= 8, "a stage holds at least 8 staged token rows");
       uint8_t* const staged = smem + s_last * kStage;
-      // Both warpgroups' last wgmma have read the stage before either writes into it.
-      if (!synced) cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+      // Every consumer warpgroup's last wgmma has read the stage before any writes into it.
+      if (!synced) cutlass::arch::NamedBarrier::arrive_and_wait(kConsumers, 0);
 #pragma unroll
       for (int r0 = 0; r0 < TOKENS; r0 += kRound) {
         quads([&](int x, float4 v) {
           const int m = 8 * x + 2 * q - r0;  // the quad's first row in this round
-          if (kRound == TOKENS || (m >= 0 && m < kRound)) stage_quad<T>(staged, row0, m, v, scale);
+          if (kRound == TOKENS || (m >= 0 && m < kRound)) stage_quad<T, kRows>(staged, row0, m, v, scale);
         });
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // the round is staged
-        store_staged<T>(p, staged, TOKENS - r0 < kRound ? TOKENS - r0 : kRound, m_base + r0, n_base, m_end, t, 256);
+        cutlass::arch::NamedBarrier::arrive_and_wait(kConsumers, 0);  // the round is staged
+        store_staged<T, kRows>(p, staged, TOKENS - r0 < kRound ? TOKENS - r0 : kRound, m_base + r0, n_base, m_end, t,
+                               kConsumers);
         // The producer's TMA will write this stage next (async proxy) after these generic-proxy writes and reads.
         cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // and read, before the next round or the release
+        cutlass::arch::NamedBarrier::arrive_and_wait(kConsumers, 0);  // and read, before the next round or the release
       }
     };
     auto output = [&](bool synced, auto&& quads) {
@@ -803,29 +862,30 @@ struct LaunchArgs {
   cudaStream_t stream;
 };
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
 cudaError_t allow_gemm_smem() {
   static OncePerDevice smem_limit;  // the attribute is per device (per_device.h)
   return smem_limit.run([] {
-    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(TOKENS, KT, STAGES));
+    return cudaFuncSetAttribute(gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED, CONS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(TOKENS, KT, STAGES, CONS));
   });
 }
 
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
 cudaError_t launch_gemm(const LaunchArgs& args) {
-  constexpr int smem = smem_bytes(TOKENS, KT, STAGES);
+  constexpr int smem = smem_bytes(TOKENS, KT, STAGES, CONS);
   static_assert(!GROUPED || (CTAS_PER_SM == 1 && smem + round_up(int{sizeof(GroupedTiles)} + 16, 1024) <= 232448),
                 "the grouped form's work list beside the pipeline, within a CTA's 227 KB of shared memory");
-  if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>(); err != cudaSuccess)
+  if (const cudaError_t err = allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED, CONS>(); err != cudaSuccess)
     return err;
   // Programmatic dependent launch: this grid starts while the prepass drains (it triggers at its start),
   // so barrier setup, descriptor prefetch and the first B loads overlap it.
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg = launch_config(dim3(args.params.grid), dim3(kThreads), smem, args.stream, /*pdl=*/true, attr);
+  cudaLaunchConfig_t cfg =
+      launch_config(dim3(args.params.grid), dim3(cta_threads(CONS)), smem, args.stream, /*pdl=*/true, attr);
   if (args.params.cluster > 1)  // a tile's K slices form one cluster
     add_cluster_dim(cfg, dim3(static_cast<unsigned>(args.params.cluster), 1, 1));
-  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED>, args.params);
+  return cudaLaunchKernelEx(&cfg, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED, CONS>, args.params);
 }
 
 // Clusters of `size` CTAs of this kernel that the current device holds at once (0 where it holds none, or the

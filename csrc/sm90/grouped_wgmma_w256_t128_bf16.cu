@@ -1,0 +1,8 @@
+// One instantiation of the wgmma kernel's grouped form (grouped_wgmma.cu): 256-row weight tiles (four consumer
+// warpgroups, one decoded-fragment set), 128 tokens, bf16 A. One file per config and A type so that the build compiles
+// them in parallel.
+#include "sm90/sm90_gemm.cuh"
+
+namespace nvfp4_gemm::sm90 {
+template cudaError_t launch_gemm<128, 128, 4, 1, Elem::kBf16, true, 4>(const LaunchArgs&);
+}  // namespace nvfp4_gemm::sm90
