@@ -132,7 +132,7 @@ bool grouped_wgmma_run(const GroupedProblem& p, int wgmma_config, const DeviceIn
   }
   const bool bf16 = p.a_type == AType::kBFloat16, a4 = p.a_type == AType::kE2m1;
   const int sf_atoms_per_row = static_cast<int>(p.k / 64);
-  const int weight_rows = tile_rows(c.cons);  // a tile's
+  const int weight_rows = tile_rows(c.cons);  // B rows of one tile: 128 or 256
   const int tiles_w = static_cast<int>(ceil_div(p.n, int64_t{weight_rows}));
   LaunchArgs args{};
   GemmParams& gp = args.params;
