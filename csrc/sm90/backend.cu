@@ -33,11 +33,11 @@ namespace nvfp4_gemm::sm90 {
 // Each config is compiled once per A type it serves (generate.py writes one file per pair): the wgmma
 // kernel for fp16 MMA (W4A4, whose A the prepass decodes to fp16, and fp16 activations) and bf16 MMA (bf16
 // activations); the small-M kernel for e2m1, fp16 and bf16 A (it stages A itself).
-#define NVFP4_SM90_EXTERN(T, KT, S, B)                                                          \
-  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kHalf>(const LaunchArgs&); \
-  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16>(const LaunchArgs&); \
-  extern template int max_active_clusters<T, KT, S, B, Elem::kHalf>(int);             \
-  extern template int max_active_clusters<T, KT, S, B, Elem::kBf16>(int);
+#define NVFP4_SM90_EXTERN(T, KT, S, B, C)                                                            \
+  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kHalf, false, C>(const LaunchArgs&); \
+  extern template cudaError_t launch_gemm<T, KT, S, B, Elem::kBf16, false, C>(const LaunchArgs&); \
+  extern template int max_active_clusters<T, KT, S, B, Elem::kHalf, C>(int);                     \
+  extern template int max_active_clusters<T, KT, S, B, Elem::kBf16, C>(int);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_EXTERN)
 #undef NVFP4_SM90_EXTERN
 #define NVFP4_SM90_SMALL_M_EXTERN(T, KB, D, B, R)                                                        \
@@ -57,12 +57,14 @@ namespace {
 
 // Launchers by config index (the wgmma entries, then the small-M ones: the kConfigs order) and A type.
 using LaunchFn = cudaError_t (*)(const LaunchArgs&);
-#define NVFP4_SM90_LAUNCH(T, KT, S, B) {&launch_gemm<T, KT, S, B, Elem::kHalf>, &launch_gemm<T, KT, S, B, Elem::kBf16>},
+#define NVFP4_SM90_LAUNCH(T, KT, S, B, C) \
+  {&launch_gemm<T, KT, S, B, Elem::kHalf, false, C>, &launch_gemm<T, KT, S, B, Elem::kBf16, false, C>},
 constexpr LaunchFn kLaunch[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_LAUNCH)};
 #undef NVFP4_SM90_LAUNCH
 constexpr int kNumWgmma = sizeof(kLaunch) / sizeof(kLaunch[0]);
 using ClusterCapFn = int (*)(int);
-#define NVFP4_SM90_CLUSTER_CAP(T, KT, S, B) {&max_active_clusters<T, KT, S, B, Elem::kHalf>, &max_active_clusters<T, KT, S, B, Elem::kBf16>},
+#define NVFP4_SM90_CLUSTER_CAP(T, KT, S, B, C) \
+  {&max_active_clusters<T, KT, S, B, Elem::kHalf, C>, &max_active_clusters<T, KT, S, B, Elem::kBf16, C>},
 constexpr ClusterCapFn kClusterCap[][2] = {NVFP4_SM90_CONFIGS(NVFP4_SM90_CLUSTER_CAP)};
 #undef NVFP4_SM90_CLUSTER_CAP
 using SmallMLaunchFn = cudaError_t (*)(const SmallMLaunch&);
@@ -116,6 +118,7 @@ struct Plan {
   int tokens = 0;
   int64_t kp = 0;          // K rounded up to 64: the row length of A_dec
   int64_t chunk_rows = 0;  // rows of A per launch
+  int rows = 0;            // B rows a tile (KernelConfig::rows)
   int tiles_w = 0;
   int kt = 0;
   int ktiles = 0;
@@ -136,11 +139,12 @@ cudaError_t consumed(cudaError_t e) {
 // The device's SM count, from the DeviceInfo the binding layer fills once per device.
 int sms_of(const DeviceInfo* dev) { return dev->num_sms; }
 
-// The cost model's time of one K tile of one CTA: its MMA time (measured: 0.83 us for 128 tokens, ~5 TFLOP/s
-// per SM) or its bytes at the SM's share of 3 TB/s, whichever is more.
-double k_tile_seconds(int tokens, int kt, int sms) {
-  const double t_mma = 2.0 * kTileW * tokens * kt / 5.0e12;
-  const double t_mem = static_cast<double>(stage_bytes(tokens, kt)) / (3.0e12 / sms);
+// The cost model's time of one K tile of one CTA of `rows` B rows: its MMA time (measured: 0.83 us for 128 tokens
+// over 128 rows, ~5 TFLOP/s per SM; a 256-row tile taken at the same rate until measured) or its bytes at the SM's
+// share of 3 TB/s, whichever is more.
+double k_tile_seconds(int tokens, int kt, int rows, int sms) {
+  const double t_mma = 2.0 * rows * tokens * kt / 5.0e12;
+  const double t_mem = static_cast<double>(stage_bytes(tokens, kt, rows / 64)) / (3.0e12 / sms);
   return std::max(t_mma, t_mem);
 }
 
@@ -152,8 +156,8 @@ SplitInputs split_inputs(const Problem& p, const Plan& pl, int tiles, int config
   in.tiles = tiles;
   in.ktiles = pl.ktiles;
   in.sms = sms * kConfigs[config].ctas_per_sm;
-  in.t_tile = k_tile_seconds(pl.tokens, pl.kt, in.sms);
-  in.tile_bytes = static_cast<int64_t>(pl.tokens) * kTileW * 4;
+  in.t_tile = k_tile_seconds(pl.tokens, pl.kt, pl.rows, in.sms);
+  in.tile_bytes = static_cast<int64_t>(pl.tokens) * pl.rows * 4;
   in.workspace_left = kMaxWgmmaWorkspaceBytes - pl.a_bytes;
   in.forced = p.forced_splits;
   in.clusters = config < kNumWgmma && kConfigs[config].ctas_per_sm == 1;
@@ -178,7 +182,8 @@ Plan make_plan(const Problem& p, int config, int sms) {
   pl.tokens = kConfigs[config].tokens;
   pl.kp = round_up(p.k, 64);
   const int64_t row_bytes = pl.kp * 2;
-  pl.tiles_w = static_cast<int>(ceil_div(p.n, kTileW));
+  pl.rows = kConfigs[config].rows;
+  pl.tiles_w = static_cast<int>(ceil_div(p.n, pl.rows));
   pl.kt = kConfigs[config].kt;
   pl.ktiles = static_cast<int>(ceil_div(p.k, pl.kt));
   pl.chunk_rows = max_chunk_rows(p, config);
@@ -798,7 +803,8 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     }
     return true;
   }
-  const int smem = smem_bytes(kConfigs[config].tokens, kConfigs[config].kt, kConfigs[config].stages);
+  const int smem =
+      smem_bytes(kConfigs[config].tokens, kConfigs[config].kt, kConfigs[config].stages, kConfigs[config].rows / 64);
   if (dev && dev->smem_optin < smem) {
     if (why && why_len)
       std::snprintf(why, why_len, "%s needs %d bytes of shared memory per block, the device allows %lld",
@@ -823,12 +829,12 @@ bool can_run(const Problem* p, int32_t config, const DeviceInfo* dev, char* why,
     return false;
   }
   // M, N and the (tile, K tile) units of one launch are 32-bit in the kernel.
-  const int64_t units = ceil_div(p->n, kTileW) *
+  const int64_t units = ceil_div(p->n, int64_t{kConfigs[config].rows}) *
                         ceil_div(std::min(p->m, max_chunk_rows(*p, config)), kConfigs[config].tokens) *
                         ceil_div(p->k, kConfigs[config].kt);
   if (p->m > INT_MAX || p->n > INT_MAX || units > INT_MAX) {
     if (why && why_len)
-      std::snprintf(why, why_len, "%s takes M, N <= 2^31 - 1 and at most 2^31 - 1 (128-row tile, K tile) units per "
+      std::snprintf(why, why_len, "%s takes M, N <= 2^31 - 1 and at most 2^31 - 1 (tile, K tile) units per "
                     "launch; got M=%lld N=%lld K=%lld (%lld units)", kConfigs[config].name,
                     static_cast<long long>(p->m), static_cast<long long>(p->n), static_cast<long long>(p->k),
                     static_cast<long long>(units));
@@ -916,13 +922,14 @@ bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspac
   LaunchArgs args{};
   GemmParams& gp = args.params;
   if (!encode_2d(&gp.tmap_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->b, static_cast<uint64_t>(p->k / 2),
-                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), static_cast<uint32_t>(pl.kt / 2), kTileW,
-                 pl.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
+                 static_cast<uint64_t>(p->n), static_cast<uint64_t>(p->ldb), static_cast<uint32_t>(pl.kt / 2),
+                 static_cast<uint32_t>(pl.rows), pl.kt == 128 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B)) {
     set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for B");
     return false;
   }
   gp.sfb = p->sfb;
-  // Scales as rows of 256 bytes (half an atom): a stage's kNB atoms are 2 * kNB consecutive rows.
+  // Scales as rows of 256 bytes (half an atom): a stage's kNB atoms of a 128-row block are 2 * kNB consecutive rows,
+  // one box (a 256-row tile loads two, gemm_kernel's load_b).
   const int64_t sf_rows = ceil_div(p->n, kSfAtomRows) * sf_atoms_per_row * 2;
   if (!encode_2d(&gp.tmap_sf, CU_TENSOR_MAP_DATA_TYPE_UINT8, p->sfb, 256, static_cast<uint64_t>(sf_rows), 256, 256,
                  static_cast<uint32_t>(2 * pl.kt / 64), CU_TENSOR_MAP_SWIZZLE_NONE)) {
@@ -1021,7 +1028,7 @@ bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspac
     if (const cudaError_t e = consumed(kLaunch[config][bf16 ? 1 : 0](args)); e != cudaSuccess) {
       if (err && err_len)
         std::snprintf(err, err_len, "sm90 %s: launch failed (grid %d, %d bytes of shared memory): %s",
-                      kConfigs[config].name, gp.grid, smem_bytes(pl.tokens, pl.kt, kConfigs[config].stages),
+                      kConfigs[config].name, gp.grid, smem_bytes(pl.tokens, pl.kt, kConfigs[config].stages, pl.rows / 64),
                       cudaGetErrorString(e));
       return false;
     }

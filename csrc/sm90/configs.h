@@ -22,6 +22,7 @@ struct KernelConfig {
   int stages;  // TMA pipeline depth (wgmma, K-sliced); B blocks in flight per lane (small-M)
   int ctas_per_sm;
   int ring;    // small-M: stages of the shared-memory B ring, 0 for the register buffer
+  int rows;    // B rows a CTA tile covers: 128, or 256 for the wgmma kernel of four consumer warpgroups (64 x CONS)
 };
 
 // What a rule dispatches: dense GEMMs today; grouped (MoE) GEMMs get rules of their own.
@@ -59,10 +60,10 @@ inline constexpr int kNumRules = sizeof(kRules) / sizeof(kRules[0]);
 
 constexpr bool rule_covers(const Rule& r, int64_t m) { return m >= r.m_min && (r.m_max < 0 || m <= r.m_max); }
 
-// The kConfigs index of the config of `family` with `tokens` tokens, -1 if none.
+// The kConfigs index of the config of `family` with `tokens` tokens over 128 rows of B, -1 if none.
 constexpr int config_index(Family family, int tokens) {
   for (int i = 0; i < kNumConfigs; ++i)
-    if (kConfigs[i].family == family && kConfigs[i].tokens == tokens) return i;
+    if (kConfigs[i].family == family && kConfigs[i].tokens == tokens && kConfigs[i].rows == 128) return i;
   return -1;
 }
 

@@ -20,8 +20,8 @@ problem's A form is one of its modes and its condition holds; it then gives its 
 run the problem (backend.cu, can_run: K, alignment, shared memory, the device), a refusal where it names no
 config, and otherwise the next rule is tried. Rules marked `automatic` only steer automatic dispatch (the
 generic path first); a forced sm90 backend skips them. Every kernel computes a 128-row slice of B (the weights)
-against a tile of TOKENS rows of A. Measurements are H100 SXM (132 SMs) unless said otherwise; docs/NOTES.md and
-docs/SM90_NOTES.md hold the runs.
+against a tile of TOKENS rows of A, but the wgmma configs of four consumer warpgroups, whose slice is 256 rows.
+Measurements are H100 SXM (132 SMs) unless said otherwise; docs/NOTES.md and docs/SM90_NOTES.md hold the runs.
 
 `kind` is "dense" for every entry today; grouped (MoE) configs and rules will carry "grouped", and select()
 only reads the rules of the kind it dispatches.
@@ -45,32 +45,41 @@ MODES = ("w4a4", "w4a16", "w4a16_f32", "static", "dynamic")
 
 @dataclass(frozen=True)
 class Wgmma:
-    """The warp-specialized wgmma kernel (sm90_gemm.cuh): 2 consumer warpgroups x wgmma M = 64 rows of B
-    against TOKENS rows of A (the wgmma N), K in stages of KT, decoded A prepared by a prepass in the
-    workspace. Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 64 * KT (packed B) + 8 * KT (scales)."""
+    """The warp-specialized wgmma kernel (sm90_gemm.cuh): CONS consumer warpgroups (2, or 4 for a 256-row weight
+    tile) x wgmma M = 64 rows of B against TOKENS rows of A (the wgmma N), K in stages of KT, decoded A prepared by
+    a prepass in the workspace. Stage bytes = TOKENS * KT * 2 (decoded A, fp16) + 32 * CONS * KT (packed B) +
+    4 * CONS * KT (scales)."""
     tokens: int
     kt: int
     stages: int
     ctas_per_sm: int
     why: str
     kind: str = "dense"
+    cons: int = 2
     family = "wgmma"
 
     @property
-    def name(self) -> str:
-        return f"sm90_nvfp4_w128xt{self.tokens}xk{self.kt}_s{self.stages}_b{self.ctas_per_sm}_ws_rs"
+    def rows(self) -> int:
+        return 64 * self.cons
 
-    def fields(self) -> tuple[int, int, int, int, int]:  # KernelConfig: tokens, kt, stages, ctas_per_sm, ring
-        return self.tokens, self.kt, self.stages, self.ctas_per_sm, 0
+    @property
+    def name(self) -> str:
+        return f"sm90_nvfp4_w{self.rows}xt{self.tokens}xk{self.kt}_s{self.stages}_b{self.ctas_per_sm}_ws_rs"
+
+    def fields(self) -> tuple[int, ...]:  # KernelConfig: tokens, kt, stages, ctas_per_sm, ring, rows
+        return self.tokens, self.kt, self.stages, self.ctas_per_sm, 0, self.rows
 
     def macro_args(self) -> str:
-        return f"{self.tokens}, {self.kt}, {self.stages}, {self.ctas_per_sm}"
+        return f"{self.tokens}, {self.kt}, {self.stages}, {self.ctas_per_sm}, {self.cons}"
 
     def instantiations(self):
+        # gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, GROUPED, CONS>; the defaults (dense, 2) left out.
+        head = f"{self.tokens}, {self.kt}, {self.stages}, {self.ctas_per_sm}"
         for suffix, elem in (("f16", "kHalf"), ("bf16", "kBf16")):
-            args = f"{self.macro_args()}, Elem::{elem}"
-            yield suffix, "sm90_gemm.cuh", (f"template cudaError_t launch_gemm<{args}>(const LaunchArgs&);\n"
-                                            f"template int max_active_clusters<{args}>(int);")
+            launch = f"{head}, Elem::{elem}" + ("" if self.cons == 2 else f", false, {self.cons}")
+            clusters = f"{head}, Elem::{elem}" + ("" if self.cons == 2 else f", {self.cons}")
+            yield suffix, "sm90_gemm.cuh", (f"template cudaError_t launch_gemm<{launch}>(const LaunchArgs&);\n"
+                                            f"template int max_active_clusters<{clusters}>(int);")
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ class SmallM:
                 f"_r{self.ring}_mma16816")
 
     def fields(self):
-        return self.tokens, self.kbmax, self.depth, self.ctas_per_sm, self.ring
+        return self.tokens, self.kbmax, self.depth, self.ctas_per_sm, self.ring, 128
 
     def macro_args(self) -> str:
         return f"{self.tokens}, {self.kbmax}, {self.depth}, {self.ctas_per_sm}, {self.ring}"
@@ -124,7 +133,7 @@ class WarpK:
         return f"sm90_nvfp4_wk_w128xt{self.tokens}xk256_s{self.stages}_b{self.ctas_per_sm}_tma_mma16816"
 
     def fields(self):
-        return self.tokens, 256, self.stages, self.ctas_per_sm, 0
+        return self.tokens, 256, self.stages, self.ctas_per_sm, 0, 128
 
     def macro_args(self) -> str:
         return f"{self.tokens}, {self.stages}, {self.ctas_per_sm}"
@@ -160,7 +169,18 @@ WK8 = WarpK(8, 4, 2, why="M <= 8 with K % 256 == 0 for NVFP4, 16-bit and quantiz
 WK16 = WarpK(16, 4, 2, why="M 9..16 likewise: (16, 6144, 4096) 12.3 vs 15.6 us and (16, 4096, 4096) 9.6 vs 10.9 "
              "for the ring config, (16, 1024, 4096) 6.7 vs 7.2; W4A4 0.52 / 0.57 of fp16 at M = 16 against 0.83 / "
              "0.89")
-CONFIGS = (WG8, WG16, WG32, WG64, WG128, WG256, SM8, SM16, SM32, WK8, WK16)
+# Four consumer warpgroups over 256 weight rows (sm90_gemm.cuh CONS = 4: four math warps a scheduler over the decode
+# chain, each stage's A tile feeding twice the weight rows), forced only until measured against WG64 / WG128; at the
+# end of the wgmma family so that no existing wgmma config's index moves.
+WG128_W256 = Wgmma(128, 128, 4, 1, cons=4,
+                   why="forced only (no rule): WG128's token tile over 256 weight rows, one decoded-fragment set (112 "
+                       "registers a consumer thread hold 128 tokens' accumulators beside one), 4 stages of KT 128; "
+                       "the grouped form's 256-row tiles measured -5 to -20% a MoE layer")
+WG64_W256 = Wgmma(64, 256, 3, 1, cons=4,
+                  why="forced only (no rule): WG64's token tile and KT 256 over 256 weight rows, two fragment sets, "
+                      "one accumulator set (kAcc 1: four warpgroups' wgmma chains interleave on a scheduler), 3 stages "
+                      "(768 K in flight)")
+CONFIGS = (WG8, WG16, WG32, WG64, WG128, WG256, WG128_W256, WG64_W256, SM8, SM16, SM32, WK8, WK16)
 
 # Conditions a rule may add (backend.cu, rule_holds).
 WHEN = {
@@ -284,12 +304,12 @@ def _table_inc() -> str:
         out.append(f"// {family} configs in table order: X({', '.join(_macro_params(family))})")
         out.append(f"#define {macro}(X) " + " ".join(f"X({c.macro_args()})" for c in CONFIGS if c.family == family))
     out.append("")
-    out.append("// KernelConfig{name, family, tokens, kt, stages, ctas_per_sm, ring}, in config-index order.")
+    out.append("// KernelConfig{name, family, tokens, kt, stages, ctas_per_sm, ring, rows}, in config-index order.")
     out.append("inline constexpr KernelConfig kConfigs[] = {")
     fam = {"wgmma": "Family::kWgmma", "small_m": "Family::kSmallM", "warp_k": "Family::kWarpK"}
     for c in CONFIGS:
-        t, kt, s, b, r = c.fields()
-        out.append(f"    {{{_c_string(c.name)}, {fam[c.family]}, {t}, {kt}, {s}, {b}, {r}}},")
+        t, kt, s, b, r, rows = c.fields()
+        out.append(f"    {{{_c_string(c.name)}, {fam[c.family]}, {t}, {kt}, {s}, {b}, {r}, {rows}}},")
     out.append("};")
     out.append("")
     out.append("// Rule{kind, m_min, m_max (-1: none), modes (bits of Mode), when, config (kGenericConfig, "
@@ -313,7 +333,7 @@ def _table_inc() -> str:
 
 
 def _macro_params(family: str) -> tuple[str, ...]:
-    return {"wgmma": ("TOKENS", "KT", "STAGES", "CTAS_PER_SM"),
+    return {"wgmma": ("TOKENS", "KT", "STAGES", "CTAS_PER_SM", "CONS"),
             "small_m": ("TOKENS", "KBMAX", "DEPTH", "CTAS_PER_SM", "RING"),
             "warp_k": ("TOKENS", "STAGES", "CTAS_PER_SM")}[family]
 

@@ -63,13 +63,11 @@
 namespace nvfp4_gemm::sm90 {
 
 // A CTA is one producer warpgroup and CONS consumer warpgroups, each of which decodes 64 rows of B and runs wgmma
-// (M = 64) on them: a weight tile of 64 x CONS rows. The dense form runs CONS = 2 (kTileW rows, kThreads threads);
-// the grouped form also CONS = 4, four math warps a scheduler instead of two to hide the decode chain's latency
-// (docs/NOTES.md section 8, item 2).
+// (M = 64) on them: a weight tile of 64 x CONS rows. CONS = 2 (128 rows) or 4 (256 rows: four math warps a scheduler
+// instead of two to hide the decode chain's latency, and half the A traffic per weight row; docs/NOTES.md section 8,
+// item 2), per config (KernelConfig::cons, generate.py).
 constexpr int tile_rows(int cons) { return 64 * cons; }
 constexpr int cta_threads(int cons) { return 128 * (cons + 1); }
-inline constexpr int kTileW = tile_rows(2);
-inline constexpr int kThreads = cta_threads(2);
 
 // One pipeline stage: decoded A [KT/64 blocks][TOKENS][64] fp16 (SW128), packed B [64 CONS][KT/2] bytes (SW64
 // for KT = 128, SW128 for KT = 256), and KT/64 scale atoms of B (512 bytes each) per 128 rows of B.
@@ -107,7 +105,8 @@ struct GemmParams {
   const float* alpha;     // nullptr: 1
   const float* alpha2;    // nullptr, or a second factor of alpha (Problem::alpha2)
   void* c;                // output rows of this M chunk
-  float4* partial;        // [grid][2 segments][TOKENS/8][256] partial sums, when grid != tiles
+  float4* partial;        // [grid][2 segments][TOKENS/8][128 CONS consumer threads] partial sums, when grid != tiles;
+                          // [tiles][G][TOKENS/8][128 CONS] for the cluster split of G > 1 clusters a tile
   uint32_t* counters;     // [tiles] arrivals per tile, zeroed by the prepass
   int64_t ldc;
   int m, n, k;
@@ -283,15 +282,16 @@ __device__ __forceinline__ void store_staged(const GemmParams& p, const uint8_t*
   }
 }
 
-// After the 256 consumer threads have published partial sums: whether this CTA is the last of `others` + 1 to
+// After the CONSUMERS consumer threads have published partial sums: whether this CTA is the last of `others` + 1 to
 // count on `counter` (the one that sums them). Each thread fences its own stores before the count, and the last
 // arriver fences again before it reads the others' (the pattern of CUTLASS's split-K semaphore). `flag` is a
 // shared word; every consumer thread calls this.
+template <int CONSUMERS>
 __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, uint32_t others, int t, int& flag) {
   __threadfence();
-  cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+  cutlass::arch::NamedBarrier::arrive_and_wait(CONSUMERS, 0);
   if (t == 0) flag = atomicAdd(counter, 1u) == others;
-  cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);
+  cutlass::arch::NamedBarrier::arrive_and_wait(CONSUMERS, 0);
   if (flag) __threadfence();
   return flag;
 }
@@ -356,23 +356,23 @@ __device__ __forceinline__ GroupedTile grouped_tile(const GroupedTiles& gt, int 
 // GROUPED: the grouped (mixture-of-experts) form. The grid is one wave; CTA c runs the whole tiles
 // [c * tiles / grid, (c + 1) * tiles / grid) of the work list built from offs (GroupedTiles), so a tile never
 // splits, and each tile reads its group's B and its rows of A_dec and stores the rows of its group only.
-// CONS: consumer warpgroups, 2 or (grouped form only) 4. With 4 a CTA is 640 threads over a 256-row weight tile: each
-// scheduler holds four math warps, and a consumer thread gets 112 registers (setmaxnreg below), which hold one
-// accumulator set (kAcc = 1) of at most 104 tokens beside the two fragment sets (at 112 tokens ptxas spills fragments
-// and serializes the wgmmas), or of up to 128 beside one set (kFragSets). The split paths (stream-K partials, cluster
-// sums) count on 256 consumer threads, so four consumer warpgroups run the grouped form's whole tiles only.
+// CONS: consumer warpgroups, 2 or 4. With 4 a CTA is 640 threads over a 256-row weight tile: each scheduler holds four
+// math warps, and a consumer thread gets 112 registers (setmaxnreg below), which hold one accumulator set (kAcc = 1)
+// of at most 104 tokens beside the two fragment sets (at 112 tokens ptxas spills fragments and serializes the
+// wgmmas), or of up to 128 beside one set (kFragSets). The split paths (partial slots, the last arriver's fix-up, the
+// cluster's staged sums) are laid out per consumer thread, kConsumers of them, so they serve either width.
 template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, bool GROUPED = false, int CONS = 2>
 __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(CONS == 2 || (CONS == 4 && GROUPED && CTAS_PER_SM == 1 && TOKENS > 64 && TOKENS <= 128),
-                "four consumer warpgroups: the grouped form's whole tiles, one accumulator set of 72..128 tokens");
+  static_assert(CONS == 2 || (CONS == 4 && CTAS_PER_SM == 1 && TOKENS >= 64 && TOKENS <= 128),
+                "four consumer warpgroups: one CTA an SM, one accumulator set of 64..128 tokens");
   static_assert(CTAS_PER_SM * (smem_bytes(TOKENS, KT, STAGES, CONS) + 1024) <= 233472,
                 "pipeline does not fit in 227 KB of shared memory per CTA / 228 KB per SM");
   static_assert(CTAS_PER_SM == 1 || TOKENS <= 16, "80 registers a thread hold the accumulators of <= 16 tokens");
   static_assert(KT == 128 || KT == 256, "B rows of 64 or 128 bytes per stage (SW64 / SW128)");
   static_assert(TOKENS % 8 == 0 && TOKENS <= 256,
                 "wgmma N, A's TMA box of TOKENS rows (at most 256) and whole 8-row SW128 atoms and accumulator quads");
-  static_assert(TOKENS * 512 <= STAGES * stage_bytes(TOKENS, KT, CONS),
-                "a cluster stages 256 threads' sums in the stages");
+  static_assert(TOKENS * 2 * 128 * CONS <= STAGES * stage_bytes(TOKENS, KT, CONS),
+                "a cluster stages its consumer threads' sums (TOKENS / 8 float4s each) in the stages");
   constexpr int kRows = tile_rows(CONS);    // B rows of a tile
   constexpr int kConsumers = 128 * CONS;    // consumer threads
   constexpr int kNB = KT / 64;              // 64-K blocks per stage; even, so block b uses register set b % 2
@@ -385,8 +385,10 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
   constexpr int kStage = stage_bytes(TOKENS, KT, CONS);
   static_assert(kABytes % 1024 == 0 && kStage % 1024 == 0, "A blocks and stages start on SW128's 1024-byte period");
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
-  // independent accumulators per K step let the four of a block overlap (summed in a fixed order).
-  constexpr int kAcc = CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
+  // independent accumulators per K step let the four of a block overlap (summed in a fixed order). Four consumer
+  // warpgroups hold one set: 112 registers a thread have no room for a second (64 tokens: 2 x 32 accumulators beside
+  // 32 fragment registers spill), and four warpgroups' chains interleave on each scheduler instead.
+  constexpr int kAcc = CONS == 4 ? 1 : CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
   // setmaxnreg: the producer warpgroup hands registers to the consumers through the CTA's pool, which holds what the
   // CTA launched with: __launch_bounds__ gives each thread 65536 / threads rounded down to 8, 168 of 384 threads
   // (128 x 40 + 256 x 232) or 96 of 640 (128 x 32 + 512 x 112; an increase past the pool would wait forever).
@@ -465,25 +467,29 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
         uint8_t* st = smem + s * kStage;
         Barrier::arrive_and_expect_tx(&full_bar[s],
                                       a_blocks * kABytes + stage_b_bytes(KT, CONS) + kSfBoxes * kSfBoxBytes);
+        // The B-row tile, and the first 256-byte scale row of its group (the grouped form's groups lie one after
+        // another in tmap_sf; the dense form has one).
+        int tw = tile_w, sf_row0 = 0;
+        GroupedTile gt{};
         if constexpr (GROUPED) {
-          const GroupedTile gt = tile_of(tile);
-          // Box h holds the atoms of the tile's 128-row block h. The group's scales hold ceil(n / 128) blocks (the
-          // blocked layout pads N to 128 rows), so where a 256-row tile's second block starts at or past N, its box
-          // is the group's last block again: the load stays inside the group's scales, and the rows it serves are
-          // past N, where B's 3-D map reads zeros and nothing is stored.
-#pragma unroll
-          for (int h = 0; h < kSfBoxes; ++h) {
-            const int blk = kSfBoxes == 1 ? gt.tile_w : min(gt.tile_w * kSfBoxes + h, (p.n - 1) / 128);
-            cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff + h * kSfBoxBytes, 0,
-                                         gt.g * p.sf_group_rows + (blk * p.sf_atoms_per_row + kNB * kt) * 2);
-          }
-          cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2),
-                                       gt.tile_w * kRows, gt.g);
-        } else {
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff, 0,
-                                       (tile_w * p.sf_atoms_per_row + kNB * kt) * 2);
-          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tile_w * kRows);
+          gt = tile_of(tile);
+          tw = gt.tile_w;
+          sf_row0 = gt.g * p.sf_group_rows;
         }
+        // Box h holds the atoms of the tile's 128-row block h. The scales hold ceil(n / 128) blocks (the blocked
+        // layout pads N to 128 rows), so where a 256-row tile's second block starts at or past N, its box is the
+        // last block again: the load stays inside the (group's) scales, and the rows it serves are past N, where B's
+        // map reads zeros and nothing is stored.
+#pragma unroll
+        for (int h = 0; h < kSfBoxes; ++h) {
+          const int blk = kSfBoxes == 1 ? tw : min(tw * kSfBoxes + h, (p.n - 1) / 128);
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_sf, &full_bar[s], p.hint_b, st + kSfOff + h * kSfBoxBytes, 0,
+                                       sf_row0 + (blk * p.sf_atoms_per_row + kNB * kt) * 2);
+        }
+        if constexpr (GROUPED)
+          cute::SM90_TMA_LOAD_3D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tw * kRows, gt.g);
+        else
+          cute::SM90_TMA_LOAD_2D::copy(&p.tmap_b, &full_bar[s], p.hint_b, st + kBOff, kt * (KT / 2), tw * kRows);
       };
       auto load_a = [&](int u, int s) {
         const int tile = u / p.ktiles, kt = u % p.ktiles;
@@ -632,10 +638,10 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
     if (trace && seg < 2) trace_at(trace, cta, 3 + 3 * seg, global_ns());
     decode(fr0, s, 0);
     for (int j = 0; j < n_kt; ++j) {
-      // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB). Four consumer
-      // warpgroups run the grouped form only, whose K is a multiple of 256: every stage is whole, and the count's
-      // registers are spared.
-      const int nblk = CONS == 4 ? kNB : min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
+      // Blocks of this stage that hold K < p.k (only the tile's last stage has fewer than kNB). The grouped form's K
+      // is a multiple of 256, so with four consumer warpgroups there every stage is whole and the count's registers
+      // are spared; the dense form takes any K.
+      const int nblk = CONS == 4 && GROUPED ? kNB : min(kNB, (p.k - (kt0 + j) * KT + 63) / 64);
       const int s_next = s + 1 == STAGES ? 0 : s + 1;
       const int phase_next = s + 1 == STAGES ? phase ^ 1 : phase;
 #pragma unroll
@@ -687,11 +693,12 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
       // the G CTAs of rank r sums the G clusters' rows in cluster order and stores them.
       namespace cg = cooperative_groups;
       cg::cluster_group cluster = cg::this_cluster();
-      cutlass::arch::NamedBarrier::arrive_and_wait(256, 0);  // both warpgroups' last wgmma have read their stage
+      // Every consumer warpgroup's last wgmma has read its stage.
+      cutlass::arch::NamedBarrier::arrive_and_wait(kConsumers, 0);
       float4* mine = reinterpret_cast<float4*>(smem) + t;
 #pragma unroll
       for (int x = 0; x < TOKENS / 8; ++x)
-        mine[x * 256] = make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
+        mine[x * kConsumers] = make_float4(acc[0][4 * x], acc[0][4 * x + 1], acc[0][4 * x + 2], acc[0][4 * x + 3]);
       cluster.sync();
       const int S = p.cluster, G = p.cluster_groups, r = static_cast<int>(cluster.block_rank());
       const int group = cta % (S * G) / S;
@@ -699,21 +706,23 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
       const int n0 = tile_w * kRows + row0;
       constexpr int X = TOKENS / 8;
       const int x_lo = r * X / S, x_hi = (r + 1) * X / S;
-      // This cluster's rows of the tile in the workspace: [tile][group][X][256] float4s (G > 1).
-      float4* const part = G > 1 ? p.partial + (static_cast<int64_t>(tile) * G + group) * X * 256 + t : nullptr;
+      // This cluster's rows of the tile in the workspace: [tile][group][X][kConsumers] float4s (G > 1).
+      float4* const part =
+          G > 1 ? p.partial + (static_cast<int64_t>(tile) * G + group) * X * kConsumers + t : nullptr;
       for (int x = x_lo; x < x_hi; ++x) {
-        const float4 sum = sum_in_order(S, [&](int k) { return cluster.map_shared_rank(mine, k)[x * 256]; });
+        const float4 sum = sum_in_order(S, [&](int k) { return cluster.map_shared_rank(mine, k)[x * kConsumers]; });
         if (G == 1)
           store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
         else
-          __stcg(part + x * 256, sum);
+          __stcg(part + x * kConsumers, sum);
       }
       cluster.sync();  // the peers' shared memory stays alive until every slice is read
-      if (G > 1 && last_to_arrive(&p.counters[tile * S + r], static_cast<uint32_t>(G - 1), t, last_flag)) {
-        const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * 256 + t;
+      if (G > 1 &&
+          last_to_arrive<kConsumers>(&p.counters[tile * S + r], static_cast<uint32_t>(G - 1), t, last_flag)) {
+        const float4* const first = p.partial + static_cast<int64_t>(tile) * G * X * kConsumers + t;
         for (int x = x_lo; x < x_hi; ++x) {
-          const float4 sum =
-              sum_in_order(G, [&](int k) { return __ldcg(first + (static_cast<int64_t>(k) * X + x) * 256); });
+          const float4 sum = sum_in_order(
+              G, [&](int k) { return __ldcg(first + (static_cast<int64_t>(k) * X + x) * kConsumers); });
           store_quad(p, n0, tile_t * TOKENS + 8 * x + 2 * q, sum, scale);
         }
       }
@@ -789,27 +798,29 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
     const uint32_t others = static_cast<uint32_t>(c_last - c_first);
     // Publish this segment's partial sums (accumulator order, coalesced float4), then count arrivals. A partial
     // segment is the range's first (slot 0) or its last (slot 1); those between are whole tiles, stored above.
-    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * 256 + t;
+    float4* mine = p.partial + (static_cast<int64_t>(cta) * 2 + min(seg, 1)) * (TOKENS / 8) * kConsumers + t;
 #pragma unroll
-    for (int x = 0; x < TOKENS / 8; ++x) __stcg(mine + x * 256, own_quad(x));
-    if (!last_to_arrive(&p.counters[tile], others, t, last_flag)) {
+    for (int x = 0; x < TOKENS / 8; ++x) __stcg(mine + x * kConsumers, own_quad(x));
+    if (!last_to_arrive<kConsumers>(&p.counters[tile], others, t, last_flag)) {
       release(s_last);
       if (trace && seg < 2) trace_at(trace, cta, 5 + 3 * seg, global_ns());
       continue;
     }
     if (trace && seg < 2) trace_at(trace, cta, 9, trace_info |= uint64_t{1} << (8 + seg));
-    const int64_t slot_stride = 2 * (TOKENS / 8) * 256;  // float4s between CTAs' slots
+    const int64_t slot_stride = 2 * (TOKENS / 8) * kConsumers;  // float4s between CTAs' slots
     // CTA c_first holds the tile's first units in its second slot (the tile ends its range) unless its range
     // starts inside the tile (then its first); every later CTA of the tile starts inside it, so uses its first.
     const int first_slot = tile > static_cast<int>(range_start(c_first, p.total, p.grid) / p.ktiles) ? 1 : 0;
     // The tile's sums in CTA order, kChunk quads a round with every contributor's loads of a round in flight (waiting
     // one L2 round trip per quad and contributor: ~20 us at 128 tokens). Every part is read back, this
     // CTA's own included, which frees the accumulators' registers for the loads. Whole rounds: at most 16 quads, a
-    // divisor of the tile's (8 at 64 tokens, 10 at 80 and 160, 16 at 128 and 256).
-    constexpr int kChunk = divisor_upto(TOKENS / 8, 16);
+    // divisor of the tile's (8 at 64 tokens, 10 at 80 and 160, 16 at 128 and 256); 4 with four consumer warpgroups,
+    // whose 112 registers a thread do not hold a round of 8 beside its loads (ptxas spilled 84 and 508 bytes at 64 and
+    // 128 tokens). Each thread there has as many quads as with two, so twice the rounds, each over twice the threads.
+    constexpr int kChunk = divisor_upto(TOKENS / 8, CONS == 2 ? 16 : 4);
     auto partial = [&](int c, int x) {
-      return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride + (c == c_first ? first_slot : 0) *
-                                                                            (TOKENS / 8) * 256 + t + x * 256);
+      return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride +
+                    (c == c_first ? first_slot : 0) * (TOKENS / 8) * kConsumers + t + x * kConsumers);
     };
     output(true, [&](auto&& put) {
 #pragma unroll
@@ -891,7 +902,7 @@ cudaError_t launch_gemm(const LaunchArgs& args) {
 // Clusters of `size` CTAs of this kernel that the current device holds at once (0 where it holds none, or the
 // query failed); asked once per device and size, so the plan may call it on every launch, and a failure is kept
 // too, so that workspace_bytes() and run() of one process always plan the same split.
-template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E>
+template <int TOKENS, int KT, int STAGES, int CTAS_PER_SM, Elem E, int CONS = 2>
 int max_active_clusters(int size) {
   static std::atomic<int> known[OncePerDevice::kMaxDevices][kMaxGemmCluster + 1] = {};  // count + 1; 0: not asked
   int dev = 0;
@@ -905,11 +916,12 @@ int max_active_clusters(int size) {
   }
   int n = 0;
   cudaLaunchAttribute attr[1];
-  cudaLaunchConfig_t cfg = launch_config(dim3(size), dim3(kThreads), smem_bytes(TOKENS, KT, STAGES), nullptr,
-                                         /*pdl=*/false, attr);
+  cudaLaunchConfig_t cfg = launch_config(dim3(size), dim3(cta_threads(CONS)), smem_bytes(TOKENS, KT, STAGES, CONS),
+                                         nullptr, /*pdl=*/false, attr);
   add_cluster_dim(cfg, dim3(static_cast<unsigned>(size), 1, 1));
-  if (allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E>() != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&n, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E>, &cfg) != cudaSuccess) {
+  if (allow_gemm_smem<TOKENS, KT, STAGES, CTAS_PER_SM, E, false, CONS>() != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, gemm_kernel<TOKENS, KT, STAGES, CTAS_PER_SM, E, false, CONS>, &cfg) !=
+          cudaSuccess) {
     cudaGetLastError();
     n = 0;
   }

@@ -19,7 +19,7 @@ struct SplitInputs {
   int ktiles = 0;                 // K tiles of one tile
   int sms = 0;                    // CTAs one wave holds (SMs x CTAs per SM)
   double t_tile = 0.0;            // the cost model's seconds per K tile of one CTA
-  int64_t tile_bytes = 0;         // one tile's fp32 sums: tokens x 128 rows x 4 bytes
+  int64_t tile_bytes = 0;         // one tile's fp32 sums: tokens x the tile's B rows (128 or 256) x 4 bytes
   int64_t workspace_left = 0;     // what the workspace bound leaves once decoded A is placed
   int forced = 0;                 // a forced split count (tests and benchmarks); 0: automatic
   bool clusters = false;          // the config and the caller allow the cluster split

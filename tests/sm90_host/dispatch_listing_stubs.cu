@@ -5,13 +5,13 @@
 #include "sm90/configs.h"
 
 namespace nvfp4_gemm::sm90 {
-template <int T, int KT, int S, int B, Elem E>
+template <int T, int KT, int S, int B, Elem E, int C>
 int max_active_clusters(int) {
   return 0;
 }
-#define NVFP4_SM90_STUB(T, KT, S, B)                             \
-  template int max_active_clusters<T, KT, S, B, Elem::kHalf>(int); \
-  template int max_active_clusters<T, KT, S, B, Elem::kBf16>(int);
+#define NVFP4_SM90_STUB(T, KT, S, B, C)                             \
+  template int max_active_clusters<T, KT, S, B, Elem::kHalf, C>(int); \
+  template int max_active_clusters<T, KT, S, B, Elem::kBf16, C>(int);
 NVFP4_SM90_CONFIGS(NVFP4_SM90_STUB)
 #undef NVFP4_SM90_STUB
 }  // namespace nvfp4_gemm::sm90
