@@ -190,6 +190,91 @@ def test_epilogue_paths(force_splits):
             _check_gpu(out, inputs, f"({m}, {n}, {k}) {dt} {cfg or 'automatic'}, splits {splits}, seed {80 + i}")
 
 
+# The dense configs of four consumer warpgroups (256 weight rows a tile; csrc/sm90/generate.py WG128_W256, WG64_W256),
+# forced only, and the 128-row config whose bits they repeat. All three hold one accumulator set, so each output's
+# sums run in K order whatever the token tile, KT and tile width (each output row's sums come from one warpgroup; wgmma's
+# N does not change an element's sum): a whole tile gives the same bits, and so does a forced split count f where f
+# divides every tile's K tiles of 256 (each tile's K is then cut at the same places and summed in CTA order).
+W256_CONFIGS = ("sm90_nvfp4_w256xt128xk128_s4_b1_ws_rs", "sm90_nvfp4_w256xt64xk256_s3_b1_ws_rs")
+W256_TWIN = "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs"
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _in_form(inputs, form, seed):
+    """_gpu_inputs as packed NVFP4 A ("w4a4") or as 16-bit activations ("f16", "bf16": the weight-only form)."""
+    if form == "w4a4":
+        return inputs
+    m, k = inputs["a"].shape[0], inputs["a"].shape[1] * 2
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=g).to(torch.float16 if form == "f16" else torch.bfloat16)
+    return dict(inputs, a=a, sfa=None)
+
+
+def _forced_mm(inputs, config, splits):
+    """mm with `config` and `splits` forced, into poisoned output memory (an element no CTA wrote reads as NaN)."""
+    m, n = inputs["a"].shape[0], inputs["b"].shape[0]
+    poison_cuda_allocator(m * n * 4, torch.device("cuda"))
+    with forced(config=config, splits=splits):
+        return nvfp4_gemm.mm(**inputs)
+
+
+@pytest.mark.parametrize("form", ["w4a4", "f16", "bf16"])
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_w256_configs_bitwise_as_w128(form, splits):
+    """The 256-row configs, forced, bit for bit the 128-row config of one accumulator set (W256_TWIN) and within
+    docs/CONTRACT.md's bound: one CTA per whole tile (1 split) on N tails whose last tile ends in its first 128-row
+    block (N % 256 of 8 and 128: its second block's scale box is the last block again, over B's zero rows) or in its
+    second (136, 200, 232), K tails (K % 128 of 32 and 96, K / 16 % 4 != 0), M off every token tile; then the balanced
+    split with 2 and 4 CTAs a tile (K a multiple of 1024, so both configs cut each tile's K at the same places). Every
+    output dtype, NVFP4 and 16-bit A, outputs poisoned."""
+    if splits == 1:
+        shapes = ((1, 8, 32), (64, 264, 2048), (100, 384, 544), (128, 456, 2080), (200, 1000, 96), (300, 1288, 1376),
+                  (130, 392, 2080))
+    else:
+        shapes = ((128, 1000, 2048), (200, 264, 4096), (64, 6144, 1024), (300, 392, 3072))
+    for i, cfg in enumerate(W256_CONFIGS):
+        for j, (m, n, k) in enumerate(shapes):
+            seed = 1000 + 100 * i + 10 * j + splits
+            dt = _OUT_DTYPES[(i + j + splits) % 3]
+            inputs = _in_form(_gpu_inputs(m, n, k, dt, alpha=(-0.75, None)[j % 2], seed=seed), form, seed)
+            what = f"{cfg} {form} on ({m}, {n}, {k}) {dt}, splits {splits}, seed {seed}"
+            out = _forced_mm(inputs, cfg, splits)
+            _check_gpu(out, inputs, what)
+            twin = _forced_mm(inputs, W256_TWIN, splits)
+            assert torch.equal(out, twin), f"{what}: differs from {W256_TWIN}"
+
+
+@pytest.mark.parametrize("form", ["w4a4", "f16", "bf16"])
+def test_w256_configs_automatic_splits(form):
+    """The 256-row configs, forced, under the plan's own split (split_plan.h choose_split; the figures are the plan on
+    132 SMs): the balanced split (16 tiles of 128 tokens x 56 K tiles over 132 CTAs; 6 tiles of 64 tokens with N
+    and K ragged over 54), one wave over more tiles than SMs (136 tiles of 128 tokens with M and K ragged; 224 and
+    165 tiles of 64 tokens, the latter 2 K tiles a tile so a range spans several), the cluster split (128 tokens: 4
+    tiles in clusters of 8, 28 in clusters of 4; 64 tokens: 28 tiles in clusters of 4, and 32 tiles as two clusters
+    of 2 each, their rows summed through the workspace). Each within docs/CONTRACT.md's bound, a second call gives the
+    same bits, and against one CTA per whole tile (1 split forced) the float32 results differ somewhere, which shows
+    that the splits ran."""
+    shapes = {W256_CONFIGS[0]: ((128, 4096, 7168), (200, 17408, 1056), (100, 1024, 4096), (128, 7168, 2048)),
+              W256_CONFIGS[1]: ((130, 392, 2080), (128, 28672, 4096), (64, 42240, 512), (64, 7168, 2048),
+                                (128, 4096, 7168))}
+    differs = []
+    for i, cfg in enumerate(W256_CONFIGS):
+        for j, (m, n, k) in enumerate(shapes[cfg]):
+            seed = 2000 + 100 * i + 10 * j
+            dt = _OUT_DTYPES[(i + j) % 3]
+            inputs = _in_form(_gpu_inputs(m, n, k, dt, alpha=-0.75, seed=seed), form, seed)
+            what = f"{cfg} {form} on ({m}, {n}, {k}) {dt}, seed {seed}"
+            out = _forced_mm(inputs, cfg, 0)
+            _check_gpu(out, inputs, what)
+            assert torch.equal(out, _forced_mm(inputs, cfg, 0)), f"{what}: two calls differ"
+            if dt == torch.float32:
+                whole = _forced_mm(inputs, cfg, 1)
+                _check_gpu(whole, inputs, f"{what}, one CTA per tile")
+                if not torch.equal(out, whole):
+                    differs.append((cfg, m, n, k))
+    assert differs, "the automatic splits gave the unsplit bits on every float32 shape: did they run?"
+
+
 def test_decode_exact_for_extreme_scales():
     """Subnormal scales and large ones stay exact through the kernel's decode scaling."""
     for m, n, k, scales in ((3, 136, 544, "tiny"), (64, 256, 1024, "wide"), (200, 128, 2080, "typical")):

@@ -79,6 +79,22 @@ for cfg in forced:
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
         check_weight_only(m, n, k, cfg, torch.bfloat16)
+# The 256-row configs (four consumer warpgroups; forced only): whole tiles and a forced balanced split on tails in M,
+# N (N % 256 in (0, 128] and in (128, 256)) and K, then the plan's own splits, on 132 SMs one wave over more tiles
+# than SMs (165 tiles, 2 and 4 K tiles each) and the cluster split (128 tokens: 4 tiles in clusters of 8; 64 tokens:
+# two clusters of 2 a tile, their rows summed through the workspace).
+w256 = [c for c in nvfp4_gemm.configs()["sm90"] if "_w256x" in c]
+for cfg in w256:
+    os.environ["NVFP4_GEMM_CONFIG"] = cfg
+    for splits in (1, 3):
+        torch.ops.nvfp4_gemm._force("", "", splits)
+        for m, n, k in [(1, 136, 96), (100, 264, 2080), (130, 392, 544)]:
+            check(m, n, k, cfg)
+            check_weight_only(m, n, k, cfg, torch.bfloat16)
+    torch.ops.nvfp4_gemm._force("", "", 0)
+    for m, n, k in [(64, 42240, 512), (100, 1024, 4096), (128, 4096, 7168)]:
+        check(m, n, k, cfg, torch.float16)
+        check_weight_only(m, n, k, cfg, torch.float16)
 # The K-sliced configs: NVFP4, weight-only and quantized-on-the-fly A, K % 256 == 0 (M = 40 runs as several
 # launches, each quantizing its rows into the same workspace; M = 136 reads A's second 128-row block of scales).
 wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
@@ -113,5 +129,5 @@ for m, n, k in [(64, 42240, 512), (200, 17408, 1056)]:
     check(m, n, k, "one wave")
     check_weight_only(m, n, k, "one wave", torch.bfloat16)
 torch.cuda.synchronize()
-print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 19 * len(wk) + 15 + 4 * 6 + 2 * 2, "configs:",
-      nvfp4_gemm.configs()["sm90"])
+print("sanitize cases ran:", len(shapes) * 10 + 6 * len(forced) + 18 * len(w256) + 19 * len(wk) + 15 + 4 * 6 + 2 * 2,
+      "configs:", nvfp4_gemm.configs()["sm90"])
