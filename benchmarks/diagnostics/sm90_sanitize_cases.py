@@ -1,6 +1,8 @@
 """Small shapes that cover every sm90 dispatch entry, split-K, partial tiles in M, N and K, and M = 1, for
-NVFP4 and for fp16 / bf16 activations (the weight-only form), for compute-sanitizer (memcheck, racecheck): python benchmarks/diagnostics/sm90_sanitize_cases.py"""
+NVFP4 and for fp16 / bf16 activations (the weight-only form), for compute-sanitizer (memcheck, racecheck): python benchmarks/diagnostics/sm90_sanitize_cases.py [--only-w256]"""
+import argparse
 import os
+import sys
 
 import torch
 
@@ -58,6 +60,35 @@ def check_dynamic_linear(m, n, k, tag, x_dtype):
     assert torch.equal(y, nvfp4_gemm.mm(packed, wq, sf, wsf, scales[2:3], x_dtype)), (m, n, k, tag, x_dtype)
 
 
+def w256_cases():
+    """The 256-row configs (four consumer warpgroups; forced only): whole tiles and a forced balanced split on tails in
+    M, N (N % 256 in (0, 128] and in (128, 256)) and K, then the plan's own splits, on 132 SMs one wave over more
+    tiles than SMs (165 tiles, 2 and 4 K tiles each) and the cluster split (128 tokens: 4 tiles in clusters of 8; 64
+    tokens: two clusters of 2 a tile, their rows summed through the workspace). Returns the configs."""
+    configs = [c for c in nvfp4_gemm.configs()["sm90"] if "_w256x" in c]
+    for cfg in configs:
+        os.environ["NVFP4_GEMM_CONFIG"] = cfg
+        for splits in (1, 3):
+            torch.ops.nvfp4_gemm._force("", "", splits)
+            for m, n, k in [(1, 136, 96), (100, 264, 2080), (130, 392, 544)]:
+                check(m, n, k, cfg)
+                check_weight_only(m, n, k, cfg, torch.bfloat16)
+        torch.ops.nvfp4_gemm._force("", "", 0)
+        for m, n, k in [(64, 42240, 512), (100, 1024, 4096), (128, 4096, 7168)]:
+            check(m, n, k, cfg, torch.float16)
+            check_weight_only(m, n, k, cfg, torch.float16)
+    os.environ.pop("NVFP4_GEMM_CONFIG", None)
+    return configs
+
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--only-w256", action="store_true", help="only the 256-row configs' cases (w256_cases)")
+if ap.parse_args().only_w256:
+    ran = w256_cases()
+    torch.cuda.synchronize()
+    print("sanitize cases ran:", 18 * len(ran), "configs:", ran)
+    sys.exit(0)
+
 # (12, 264, 1536): weight-only at M 9..16 with K % 256 == 0 takes the K-sliced kernel unsplit (1 split forced).
 shapes = [(1, 136, 96), (9, 264, 544), (12, 264, 1536), (20, 136, 288), (33, 128, 1056), (100, 200, 2080),
           (130, 392, 160), (300, 136, 544)]
@@ -79,22 +110,6 @@ for cfg in forced:
     for m, n, k in [(1, 136, 96), (9, 264, 544), (40, 200, 2080)]:
         check(m, n, k, cfg)
         check_weight_only(m, n, k, cfg, torch.bfloat16)
-# The 256-row configs (four consumer warpgroups; forced only): whole tiles and a forced balanced split on tails in M,
-# N (N % 256 in (0, 128] and in (128, 256)) and K, then the plan's own splits, on 132 SMs one wave over more tiles
-# than SMs (165 tiles, 2 and 4 K tiles each) and the cluster split (128 tokens: 4 tiles in clusters of 8; 64 tokens:
-# two clusters of 2 a tile, their rows summed through the workspace).
-w256 = [c for c in nvfp4_gemm.configs()["sm90"] if "_w256x" in c]
-for cfg in w256:
-    os.environ["NVFP4_GEMM_CONFIG"] = cfg
-    for splits in (1, 3):
-        torch.ops.nvfp4_gemm._force("", "", splits)
-        for m, n, k in [(1, 136, 96), (100, 264, 2080), (130, 392, 544)]:
-            check(m, n, k, cfg)
-            check_weight_only(m, n, k, cfg, torch.bfloat16)
-    torch.ops.nvfp4_gemm._force("", "", 0)
-    for m, n, k in [(64, 42240, 512), (100, 1024, 4096), (128, 4096, 7168)]:
-        check(m, n, k, cfg, torch.float16)
-        check_weight_only(m, n, k, cfg, torch.float16)
 # The K-sliced configs: NVFP4, weight-only and quantized-on-the-fly A, K % 256 == 0 (M = 40 runs as several
 # launches, each quantizing its rows into the same workspace; M = 136 reads A's second 128-row block of scales).
 wk = [c for c in nvfp4_gemm.configs()["sm90"] if "_wk_" in c]
@@ -109,6 +124,7 @@ for cfg in wk:
     check(136, 264, 256, cfg)
 os.environ.pop("NVFP4_GEMM_CONFIG", None)
 torch.ops.nvfp4_gemm._force("", "", 0)
+w256 = w256_cases()  # leaves no config forced and the plan's own splits, as the cases below want
 for m, n, k in [(1, 136, 256), (9, 264, 768), (16, 200, 2048), (64, 200, 1056), (600, 136, 544)]:
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         check_dynamic_linear(m, n, k, "auto", dt)
