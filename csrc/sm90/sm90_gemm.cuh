@@ -65,7 +65,7 @@ namespace nvfp4_gemm::sm90 {
 // A CTA is one producer warpgroup and CONS consumer warpgroups, each of which decodes 64 rows of B and runs wgmma
 // (M = 64) on them: a weight tile of 64 x CONS rows. CONS = 2 (128 rows) or 4 (256 rows: four math warps a scheduler
 // instead of two to hide the decode chain's latency, and half the A traffic per weight row; docs/NOTES.md section 8,
-// item 2), per config (KernelConfig::cons, generate.py).
+// item 2), per config (KernelConfig::rows, generate.py).
 constexpr int tile_rows(int cons) { return 64 * cons; }
 constexpr int cta_threads(int cons) { return 128 * (cons + 1); }
 
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
   // Small token tiles make each wgmma short, so a chain of them on one accumulator waits on latency;
   // independent accumulators per K step let the four of a block overlap (summed in a fixed order). Four consumer
   // warpgroups hold one set: 112 registers a thread have no room for a second (64 tokens: 2 x 32 accumulators beside
-  // 32 fragment registers spill), and four warpgroups' chains interleave on each scheduler instead.
+  // 32 fragment registers, ptxas spilled 288 bytes), and four warpgroups' chains interleave on each scheduler instead.
   constexpr int kAcc = CONS == 4 ? 1 : CTAS_PER_SM == 2 ? 2 : (TOKENS <= 16 ? 4 : (TOKENS <= 64 ? 2 : 1));
   // setmaxnreg: the producer warpgroup hands registers to the consumers through the CTA's pool, which holds what the
   // CTA launched with: __launch_bounds__ gives each thread 65536 / threads rounded down to 8, 168 of 384 threads
@@ -816,7 +816,7 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
     // CTA's own included, which frees the accumulators' registers for the loads. Whole rounds: at most 16 quads, a
     // divisor of the tile's (8 at 64 tokens, 10 at 80 and 160, 16 at 128 and 256); 4 with four consumer warpgroups,
     // whose 112 registers a thread do not hold a round of 8 beside its loads (ptxas spilled 84 and 508 bytes at 64 and
-    // 128 tokens). Each thread there has as many quads as with two, so twice the rounds, each over twice the threads.
+    // 128 tokens): 2 and 4 rounds a contributor where two consumer warpgroups take 1.
     constexpr int kChunk = divisor_upto(TOKENS / 8, CONS == 2 ? 16 : 4);
     auto partial = [&](int c, int x) {
       return __ldcg(p.partial + static_cast<int64_t>(c) * slot_stride +
