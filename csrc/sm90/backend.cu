@@ -200,7 +200,11 @@ Plan make_plan(const Problem& p, int config, int sms) {
     });
     pl.chunk_rows = int64_t{c} * pl.tokens;
   }
-  pl.a_bytes = round_up(pl.chunk_rows * row_bytes, 256);
+  // Whole token tiles of decoded A, so that no TMA box of A reaches past its rows (a partial token tile's
+  // out-of-bounds rows, zero-filled by the TMA unit, cost up to 1.8x the whole tile's time: docs/NOTES.md
+  // section 10). The rows past M are never written: each output row reads only its own A row, and rows past M
+  // are not stored.
+  pl.a_bytes = round_up(round_up(pl.chunk_rows, pl.tokens) * row_bytes, 256);
   if (dynamic_a(p)) pl.dyn_bytes = 256;
   // The first and the last chunk are the only two sizes; size the split buffers for the larger need.
   for (int64_t rows : {pl.chunk_rows, p.m - (ceil_div(p.m, pl.chunk_rows) - 1) * pl.chunk_rows}) {
@@ -1016,7 +1020,7 @@ bool run(const Problem* p, int32_t config, const DeviceInfo* dev, void* workspac
     }
     if (!encode_2d(&gp.tmap_a, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a_dec,
                    static_cast<uint64_t>(pl.kp),
-                   static_cast<uint64_t>(rows), static_cast<uint64_t>(pl.kp * 2), 64,
+                   static_cast<uint64_t>(round_up(rows, int64_t{pl.tokens})), static_cast<uint64_t>(pl.kp * 2), 64,
                    static_cast<uint32_t>(pl.tokens), CU_TENSOR_MAP_SWIZZLE_128B)) {
       set_msg(err, err_len, "sm90: cuTensorMapEncodeTiled failed for decoded A");
       return false;
