@@ -27,7 +27,8 @@ from bench_mm import parse_shapes, rel_err, sets_over_l2  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", required=True, help="MxNxK,...")
-    ap.add_argument("--configs", required=True, help="comma list of nvfp4_gemm.configs() names (sm90)")
+    ap.add_argument("--configs", required=True,
+                    help="comma list of nvfp4_gemm.configs() names (sm90); auto: the sm90 backend's own choice")
     ap.add_argument("--forms", default="wo", help="comma list of wo, w4a4")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--json", default=None, help="write every figure here")
@@ -56,7 +57,7 @@ def main() -> None:
             cells = []
             for cfg in configs:
                 try:
-                    with forced(backend="sm90", config=cfg):
+                    with forced(backend="sm90", config=None if cfg == "auto" else cfg):
                         err = rel_err(calls[0](), ref, 1.0)
                         t = timer.graph_us(calls)
                     rows.append(dict(m=m, n=n, k=k, form=form, config=cfg, us=t, rel_err=err))

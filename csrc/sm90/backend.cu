@@ -855,21 +855,72 @@ unsigned mode_of(const Problem& p) {
   return p.a_type == AType::kFloat32 ? kModeW4a16F32 : kModeW4a16;
 }
 
-// A rule's extra condition (configs.h When; generate.py WHEN).
-bool rule_holds(const Rule& r, const Problem& p, const DeviceInfo* dev) {
-  if (r.when == When::kAlways) return true;
-  // kUnsplitSmallM8: the 8-token small-M config would run unsplit with more K blocks per CTA than its depth, and
-  // the rule's config holds every row block in one wave.
-  const int small8 = config_index(Family::kSmallM, 8);
-  const int sms = sms_of(dev);
-  const SmallMPlan pl = make_small_m_plan(p, small8, sms);
-  return pl.splits == 1 && pl.kb > kConfigs[small8].stages &&
-         pl.row_blocks <= static_cast<int64_t>(kConfigs[r.config].ctas_per_sm) * sms;
-}
-
 // Whether a rule of the table applies to this problem (its config aside).
 bool rule_applies(const Rule& r, const Problem& p, unsigned mode) {
   return r.kind == Kind::kDense && rule_covers(r, p.m) && (r.modes & mode) != 0;
+}
+
+// select's cost model of a wgmma config on `p` (the least-cost rules): the split planner's cost of its launches
+// (split_plan.h, each launch's best split), with the K tile's time from the config's measured MMA rate a SM
+// (KernelConfig::rate) or its B bytes at the SM's share of 3 TB/s, and a wave's fixed time from its wave_us. Both
+// were fitted to forced times of the five configs at 36 shapes (docs/NOTES.md section 10). The planner's own split
+// choices keep the uniform rate (k_tile_seconds) under which they were measured.
+double modeled_seconds(const Problem& p, int config, int sms) {
+  const KernelConfig& c = kConfigs[config];
+  const Plan pl = make_plan(p, config, sms);
+  const bool bf16 = mma_bf16(p);
+  auto launch = [&](int64_t rows) {
+    SplitInputs in = split_inputs(p, pl, tiles_of(pl, rows), config, sms);
+    const double t_mma = 2.0 * pl.rows * pl.tokens * pl.kt / (c.rate * 1e12);
+    const double t_mem = static_cast<double>(stage_bytes(0, pl.kt, pl.rows / 64)) / (3.0e12 / in.sms);
+    in.t_tile = std::max(t_mma, t_mem);
+    in.wave_seconds = c.wave_us * 1e-6;
+    double cost = 0.0;
+    plan_split(in, config, bf16, &cost);
+    return cost;
+  };
+  const int64_t full = p.m / pl.chunk_rows, rest = p.m % pl.chunk_rows;
+  return static_cast<double>(full) * launch(pl.chunk_rows) + (rest ? launch(rest) : 0.0);
+}
+
+// The config of the least-cost rules that apply to `p` whose modeled time is least among those that can run it
+// (the first in table order on a tie), -1 if none can.
+int least_cost_config(const Problem& p, const DeviceInfo* dev) {
+  const unsigned mode = mode_of(p);
+  const int sms = sms_of(dev);
+  int pick = -1;
+  double best = 0.0;
+  for (const Rule& r : kRules) {
+    if (r.when != When::kLeastCost || !rule_applies(r, p, mode) || !can_run(&p, r.config, dev, nullptr, 0)) continue;
+    const double t = modeled_seconds(p, r.config, sms);
+    if (pick < 0 || t < best) {
+      pick = r.config;
+      best = t;
+    }
+  }
+  return pick;
+}
+
+// A rule's extra condition (configs.h When; generate.py WHEN). `least`: least_cost_config's answer, computed on
+// first need (-2 until then).
+bool rule_holds(const Rule& r, const Problem& p, const DeviceInfo* dev, int* least) {
+  switch (r.when) {
+    case When::kAlways:
+      return true;
+    case When::kLeastCost:
+      if (*least == -2) *least = least_cost_config(p, dev);
+      return r.config == *least;
+    case When::kUnsplitSmallM8: {
+      // The 8-token small-M config would run unsplit with more K blocks per CTA than its depth, and the rule's
+      // config holds every row block in one wave.
+      const int small8 = config_index(Family::kSmallM, 8);
+      const int sms = sms_of(dev);
+      const SmallMPlan pl = make_small_m_plan(p, small8, sms);
+      return pl.splits == 1 && pl.kb > kConfigs[small8].stages &&
+             pl.row_blocks <= static_cast<int64_t>(kConfigs[r.config].ctas_per_sm) * sms;
+    }
+  }
+  return false;
 }
 
 // Automatic dispatch hands the problem to the generic path where a generic rule covers it.
@@ -884,10 +935,11 @@ bool prefers_generic(const Problem* p, const DeviceInfo*) {
 // gives the config; a refusal rule ends the walk. `why`: the last refusal of a rule not marked `prefer`.
 int32_t select(const Problem* p, const DeviceInfo* dev, char* why, size_t why_len) {
   const unsigned mode = mode_of(*p);
+  int least = -2;
   for (const Rule& r : kRules) {
     if (!rule_applies(r, *p, mode) || r.config == kGenericConfig) continue;
     if (r.config == kRefuseConfig) return -1;
-    if (!rule_holds(r, *p, dev)) continue;
+    if (!rule_holds(r, *p, dev, &least)) continue;
     if (can_run(p, r.config, dev, r.prefer ? nullptr : why, r.prefer ? 0 : why_len)) return r.config;
   }
   return -1;

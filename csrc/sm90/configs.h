@@ -23,6 +23,8 @@ struct KernelConfig {
   int ctas_per_sm;
   int ring;    // small-M: stages of the shared-memory B ring, 0 for the register buffer
   int rows;    // B rows a CTA tile covers: 128, or 256 for the wgmma kernel of four consumer warpgroups (64 x CONS)
+  double rate;     // select's cost model (least-cost rules): one SM's MMA rate, TFLOP/s; 0 where no such rule names it
+  double wave_us;  // and a wave's fixed time, us
 };
 
 // What a rule dispatches: dense GEMMs today; grouped (MoE) GEMMs get rules of their own.
@@ -39,7 +41,7 @@ enum Mode : unsigned {
 };
 
 // A rule's extra condition (backend.cu rule_holds; generate.py WHEN).
-enum class When : int { kAlways = 0, kUnsplitSmallM8 = 1 };
+enum class When : int { kAlways = 0, kUnsplitSmallM8 = 1, kLeastCost = 2 };
 
 inline constexpr int kGenericConfig = -1;  // automatic dispatch runs the generic path (select() skips the rule)
 inline constexpr int kRefuseConfig = -2;   // select() gives no config
@@ -73,6 +75,15 @@ constexpr bool rules_are_valid() {
   return true;
 }
 static_assert(rules_are_valid(), "every rule names a compiled config, the generic path or a refusal");
+
+constexpr bool least_cost_rules_are_modeled() {
+  for (const Rule& r : kRules)
+    if (r.when == When::kLeastCost &&
+        (r.config < 0 || kConfigs[r.config].family != Family::kWgmma || !(kConfigs[r.config].rate > 0.0)))
+      return false;
+  return true;
+}
+static_assert(least_cost_rules_are_modeled(), "a least-cost rule names a wgmma config with a measured rate");
 static_assert(config_index(Family::kSmallM, 8) >= 0 && config_index(Family::kSmallM, 16) >= 0,
               "When::kUnsplitSmallM8 compares the 8-token small-M config with the 16-token one");
 

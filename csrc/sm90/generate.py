@@ -56,6 +56,11 @@ class Wgmma:
     why: str
     kind: str = "dense"
     cons: int = 2
+    # select's cost model (backend.cu, modeled_seconds), fitted to the configs' forced times on the H200
+    # (docs/NOTES.md section 10): the MMA rate of one SM in TFLOP/s and a wave's fixed time in us; 0 for configs
+    # no least-cost rule names.
+    rate: float = 0.0
+    wave_us: float = 0.0
     family = "wgmma"
 
     @property
@@ -66,8 +71,8 @@ class Wgmma:
     def name(self) -> str:
         return f"sm90_nvfp4_w{self.rows}xt{self.tokens}xk{self.kt}_s{self.stages}_b{self.ctas_per_sm}_ws_rs"
 
-    def fields(self) -> tuple[int, ...]:  # KernelConfig: tokens, kt, stages, ctas_per_sm, ring, rows
-        return self.tokens, self.kt, self.stages, self.ctas_per_sm, 0, self.rows
+    def fields(self):  # KernelConfig: tokens, kt, stages, ctas_per_sm, ring, rows, rate, wave_us
+        return self.tokens, self.kt, self.stages, self.ctas_per_sm, 0, self.rows, self.rate, self.wave_us
 
     def macro_args(self) -> str:
         return f"{self.tokens}, {self.kt}, {self.stages}, {self.ctas_per_sm}, {self.cons}"
@@ -105,7 +110,7 @@ class SmallM:
                 f"_r{self.ring}_mma16816")
 
     def fields(self):
-        return self.tokens, self.kbmax, self.depth, self.ctas_per_sm, self.ring, 128
+        return self.tokens, self.kbmax, self.depth, self.ctas_per_sm, self.ring, 128, 0.0, 0.0
 
     def macro_args(self) -> str:
         return f"{self.tokens}, {self.kbmax}, {self.depth}, {self.ctas_per_sm}, {self.ring}"
@@ -133,7 +138,7 @@ class WarpK:
         return f"sm90_nvfp4_wk_w128xt{self.tokens}xk256_s{self.stages}_b{self.ctas_per_sm}_tma_mma16816"
 
     def fields(self):
-        return self.tokens, 256, self.stages, self.ctas_per_sm, 0, 128
+        return self.tokens, 256, self.stages, self.ctas_per_sm, 0, 128, 0.0, 0.0
 
     def macro_args(self) -> str:
         return f"{self.tokens}, {self.stages}, {self.ctas_per_sm}"
@@ -149,11 +154,17 @@ WG8 = Wgmma(8, 256, 10, 1, why="where the small-M config of 8 tokens cannot run 
             "memory)")
 WG16 = Wgmma(16, 256, 8, 1, why="where the small-M config of 16 tokens cannot run")
 WG32 = Wgmma(32, 256, 6, 1, why="where the small-M config of 32 tokens cannot run")
-WG64 = Wgmma(64, 256, 4, 1, why="M 33..64: KT = 256 where B bandwidth rules: 128-byte B row segments per stage "
-             "instead of 64 (KT = 128 read B at 1.2-1.5 TB/s, half the copy rate) and half the barrier round trips")
-WG128 = Wgmma(128, 128, 5, 1, why="M 65..128: KT = 128, since decoded A (tokens x KT x 2 bytes) at KT = 256 would "
-              "leave room for 2 stages only")
-WG256 = Wgmma(256, 128, 3, 1, why="M >= 129: each decoded B fragment reused over 256 tokens; KT = 128 as above")
+WG64 = Wgmma(64, 256, 4, 1, rate=3.60, wave_us=8,
+             why="KT = 256 where B bandwidth rules: 128-byte B row segments per stage instead of 64 (KT = 128 read B "
+                 "at 1.2-1.5 TB/s, half the copy rate) and half the barrier round trips; the least-cost pick at "
+                 "M = 64 where 256-row tiles leave SMs idle, e.g. (64, 4096, 14336) 27.4 us vs 32.7")
+WG128 = Wgmma(128, 128, 5, 1, rate=5.30, wave_us=10,
+              why="KT = 128, since decoded A (tokens x KT x 2 bytes) at KT = 256 would leave room for 2 stages only; "
+                  "the least-cost pick at M = 129..512 where 256-token tiles would pad or leave SMs idle, e.g. "
+                  "(384, 6144, 4096) 41.8 us vs 51.0, (256, 4096, 4096) 22.7 vs 29.8")
+WG256 = Wgmma(256, 128, 3, 1, rate=6.35, wave_us=13,
+              why="each decoded B fragment reused over 256 tokens; KT = 128 as above; the least-cost pick from "
+                  "M ~ 512 on, e.g. (1024, 28672, 4096) 308.5 us vs 343.0 for the 256-row 128-token tile")
 SM8 = SmallM(8, 16, 2, 3, 0, why="M <= 8: ahead of the wgmma config of the same token tile, e.g. (1, 7168, 16384) "
              "40.7 vs 45.6 us, (8, 7168, 16384) 41.0 vs 45.2; 3 CTAs of DEPTH 2 beat 2 of DEPTH 4 (40.7 vs 42.4 us "
              "at (1, 7168, 16384)) and 4 of DEPTH 1 (42.2); at (1, 1024 .. 6144, 4096) and (1, 4096, 14336) ahead "
@@ -170,16 +181,18 @@ WK16 = WarpK(16, 4, 2, why="M 9..16 likewise: (16, 6144, 4096) 12.3 vs 15.6 us a
              "for the ring config, (16, 1024, 4096) 6.7 vs 7.2; W4A4 0.52 / 0.57 of fp16 at M = 16 against 0.83 / "
              "0.89")
 # Four consumer warpgroups over 256 weight rows (sm90_gemm.cuh CONS = 4: four math warps a scheduler over the decode
-# chain, each stage's A tile feeding twice the weight rows), forced only until measured against WG64 / WG128; at the
-# end of the wgmma family so that no existing wgmma config's index moves.
-WG128_W256 = Wgmma(128, 128, 4, 1, cons=4,
-                   why="forced only (no rule): WG128's token tile over 256 weight rows, one decoded-fragment set (112 "
-                       "registers a consumer thread hold 128 tokens' accumulators beside one), 4 stages of KT 128; "
-                       "the grouped form's 256-row tiles measured -5 to -20% a MoE layer")
-WG64_W256 = Wgmma(64, 256, 3, 1, cons=4,
-                  why="forced only (no rule): WG64's token tile and KT 256 over 256 weight rows, two fragment sets, "
-                      "one accumulator set (kAcc 1: four warpgroups' wgmma chains interleave on a scheduler), 3 stages "
-                      "(768 K in flight)")
+# chain, each stage's A tile feeding twice the weight rows); at the end of the wgmma family so that no other wgmma
+# config's index moves.
+WG128_W256 = Wgmma(128, 128, 4, 1, cons=4, rate=5.65, wave_us=12,
+                   why="WG128's token tile over 256 weight rows, one decoded-fragment set (112 registers a consumer "
+                       "thread hold 128 tokens' accumulators beside one), 4 stages of KT 128; the least-cost pick where "
+                       "N gives many 256-row tiles, e.g. (128, 28672, 4096) 53.5 us vs 58.8 for WG128, (384, 57344, "
+                       "8192) 514.5 vs 528.2")
+WG64_W256 = Wgmma(64, 256, 3, 1, cons=4, rate=4.45, wave_us=10,
+                  why="WG64's token tile and KT 256 over 256 weight rows, two fragment sets, one accumulator set (kAcc "
+                      "1: four warpgroups' wgmma chains interleave on a scheduler), 3 stages (768 K in flight); the "
+                      "least-cost pick at M = 33..64 over many row tiles, e.g. (64, 28672, 4096) 37.4 us vs 44.0 for "
+                      "WG64")
 CONFIGS = (WG8, WG16, WG32, WG64, WG128, WG256, WG128_W256, WG64_W256, SM8, SM16, SM32, WK8, WK16)
 
 # Conditions a rule may add (backend.cu, rule_holds).
@@ -188,7 +201,12 @@ WHEN = {
     # The 8-token small-M config would run unsplit with more K blocks per CTA than its depth (many row blocks,
     # e.g. an MLP up-projection N = 28672 at K = 4096), and the rule's config holds every row block in one wave.
     "unsplit_small_m8": "kUnsplitSmallM8",
+    # The rule's config has the least modeled time (backend.cu, modeled_seconds: the split planner's cost with the
+    # config's rate and wave_us) of the configs of the least-cost rules that apply and can run the problem.
+    "least_cost": "kLeastCost",
 }
+# The configs select() weighs by the cost model from M = 33 on (a token tile of 64 or more).
+LEAST_COST = (WG64, WG128, WG256, WG64_W256, WG128_W256)
 GENERIC = "generic"  # a rule's config: automatic dispatch hands the problem to the generic path
 REFUSE = None        # a rule's config: select() gives no config (the binding falls back as it documents)
 
@@ -226,12 +244,14 @@ RULES = (
     Rule(1, 8, WG8, why=WG8.why),
     Rule(9, 16, WG16, why=WG16.why),
     Rule(17, 32, WG32, why=WG32.why),
-    Rule(33, 64, WG64, why=WG64.why),
-    Rule(65, 128, WG128, why=WG128.why),
     Rule(2048, None, GENERIC,
          why="the generic path (decode + cuBLAS) measured faster: M = 2304 (N 4608, K 7168) 259.7 us vs 272.1; at "
              "M = 512 this backend is ahead (69.0 vs 78.0 us)"),
-    Rule(129, None, WG256, why=WG256.why),
+    *(Rule(33, None, c, when="least_cost",
+           why="the least modeled time of the five wgmma configs of 64 tokens and more, weighed per problem (the "
+               "token tile's padding, the waves of tiles and the split all move the winner: fixed M bands lost up "
+               "to 31% to the best of them, the model 1% on average over 36 shapes; docs/NOTES.md section 2): "
+               + c.why) for c in LEAST_COST),
 )
 
 MODE_BITS = {m: 1 << i for i, m in enumerate(MODES)}
@@ -249,7 +269,12 @@ def _check() -> None:
         assert set(r.modes) <= set(MODES) and r.when in WHEN and r.why, r
         assert r.kind in ("dense", "grouped"), r
     # Every M of every mode reaches a rule that names a config or a refusal, and an unbounded rule ends the table.
-    assert any(r.m_max is None and r.config not in (GENERIC, REFUSE) and r.when is None for r in RULES)
+    # (a least-cost group always gives one of its configs that can run the problem).
+    assert any(r.m_max is None and r.config not in (GENERIC, REFUSE) and r.when in (None, "least_cost") for r in RULES)
+    for r in RULES:
+        assert r.when != "least_cost" or r.config in LEAST_COST, r
+    for c in LEAST_COST:
+        assert c.rate > 0 and c.wave_us > 0, c
     for m in range(1, 4097):
         for mode in MODES:
             assert any(r.m_min <= m and (r.m_max is None or m <= r.m_max) and mode in r.modes and
@@ -281,6 +306,8 @@ def _rule_text(r: Rule) -> str:
         cond.append("for " + ", ".join(r.modes) + " A")
     if r.when == "unsplit_small_m8":
         cond.append(f"where {SM8.name} would run unsplit and this config holds every row block in one wave")
+    if r.when == "least_cost":
+        cond.append("where the cost model ranks it first of the least-cost configs")
     return what + (f" ({'; '.join(cond)})" if cond else "")
 
 
@@ -304,12 +331,13 @@ def _table_inc() -> str:
         out.append(f"// {family} configs in table order: X({', '.join(_macro_params(family))})")
         out.append(f"#define {macro}(X) " + " ".join(f"X({c.macro_args()})" for c in CONFIGS if c.family == family))
     out.append("")
-    out.append("// KernelConfig{name, family, tokens, kt, stages, ctas_per_sm, ring, rows}, in config-index order.")
+    out.append("// KernelConfig{name, family, tokens, kt, stages, ctas_per_sm, ring, rows, rate, wave_us}, in config-index "
+               "order.")
     out.append("inline constexpr KernelConfig kConfigs[] = {")
     fam = {"wgmma": "Family::kWgmma", "small_m": "Family::kSmallM", "warp_k": "Family::kWarpK"}
     for c in CONFIGS:
-        t, kt, s, b, r, rows = c.fields()
-        out.append(f"    {{{_c_string(c.name)}, {fam[c.family]}, {t}, {kt}, {s}, {b}, {r}, {rows}}},")
+        t, kt, s, b, r, rows, rate, wave = c.fields()
+        out.append(f"    {{{_c_string(c.name)}, {fam[c.family]}, {t}, {kt}, {s}, {b}, {r}, {rows}, {rate!r}, {wave!r}}},")
     out.append("};")
     out.append("")
     out.append("// Rule{kind, m_min, m_max (-1: none), modes (bits of Mode), when, config (kGenericConfig, "
@@ -345,6 +373,8 @@ def _listing() -> str:
            "| config | family | parameters | why |", "|---|---|---|---|"]
     for c in CONFIGS:
         params = ", ".join(f"{p.lower()} {v}" for p, v in zip(_macro_params(c.family), c.macro_args().split(", ")))
+        if getattr(c, "rate", 0):
+            params += f"; model: {c.rate} TFLOP/s a SM, {c.wave_us} us a wave"
         out.append(f"| `{c.name}` | {c.family} | {params} | {c.why} |")
     out += ["", "Rules, tried in order (the first that applies and whose config can run the problem wins):", "",
             "| M | modes | config | why |", "|---|---|---|---|"]

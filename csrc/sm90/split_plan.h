@@ -14,12 +14,17 @@ namespace nvfp4_gemm::sm90 {
 
 inline constexpr int kMaxGemmCluster = 8;  // CTAs of one cluster and K slices of one tile, at most (portable size)
 
+// Fixed time of one wave of CTAs in the cost model: its first stage's loads and its epilogue (~4-5 us measured at
+// M = 128, docs/SM90_NOTES.md's timeline trace), paid again by every later wave.
+inline constexpr double kWaveSeconds = 4.0e-6;
+
 struct SplitInputs {
   int tiles = 0;                  // B-row x token tiles of the chunk
   int ktiles = 0;                 // K tiles of one tile
   int sms = 0;                    // CTAs one wave holds (SMs x CTAs per SM)
   double t_tile = 0.0;            // the cost model's seconds per K tile of one CTA
   int64_t tile_bytes = 0;         // one tile's fp32 sums: tokens x the tile's B rows (128 or 256) x 4 bytes
+  double wave_seconds = kWaveSeconds;  // a wave's fixed time (select's model: the config's measured one)
   int64_t workspace_left = 0;     // what the workspace bound leaves once decoded A is placed
   int forced = 0;                 // a forced split count (tests and benchmarks); 0: automatic
   bool clusters = false;          // the config and the caller allow the cluster split
@@ -55,15 +60,11 @@ inline int64_t split_workspace_bytes(const SplitInputs& in, const Split& sp) {
 // arriver (~50 GB/s a CTA), plus ~1 us of counting.
 inline double fixup_seconds(double bytes) { return 1.0e-6 + 1.5 * bytes / 50e9; }
 
-// Fixed time of one wave of CTAs in the cost model: its first stage's loads and its epilogue (~4-5 us measured at
-// M = 128, docs/SM90_NOTES.md's timeline trace), paid again by every later wave.
-inline constexpr double kWaveSeconds = 4.0e-6;
-
 // The balanced split. Candidates: one CTA per tile (no partial sums); g > tiles CTAs over whole waves that cut the
 // tiles x ktiles units into equal contiguous ranges; and, where the tiles need more than one wave, one wave of
 // `sms` CTAs ("stream-K"): each range then holds whole tiles in its middle, stored directly, and at most two
 // partial ones, its first and its last, so two partial slots a CTA still suffice. Cost = waves x (K tiles per
-// CTA x t_tile + kWaveSeconds), plus the fix-up of a split (partials written, the last arriver reads them back).
+// CTA x t_tile + the wave's fixed time), plus the fix-up of a split (partials written, the last arriver reads them back).
 // A forced count f runs tiles x f CTAs (at most one per unit, within the workspace).
 inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   const int64_t total = static_cast<int64_t>(in.tiles) * in.ktiles;
@@ -79,7 +80,7 @@ inline Split choose_grid(const SplitInputs& in, double* cost_out = nullptr) {
   }
   auto cost = [&](int64_t g) {
     const double waves = std::ceil(static_cast<double>(g) / in.sms);
-    double c = waves * (std::ceil(static_cast<double>(total) / g) * in.t_tile + kWaveSeconds);
+    double c = waves * (std::ceil(static_cast<double>(total) / g) * in.t_tile + in.wave_seconds);
     if (g != in.tiles) c += fixup_seconds(static_cast<double>(slot_bytes));
     return c;
   };
@@ -121,7 +122,7 @@ Split choose_split(const SplitInputs& in, Cap&& cap, double* cost_out = nullptr)
       if (in.ktiles < 2 * slices || static_cast<int64_t>(in.tiles) * slices > in.sms) break;
       const Split c_sp{in.tiles * slices, size, groups};
       if (split_workspace_bytes(in, c_sp) > in.workspace_left) break;
-      double c = std::ceil(static_cast<double>(in.ktiles) / slices) * in.t_tile + kWaveSeconds + 0.5e-6;
+      double c = std::ceil(static_cast<double>(in.ktiles) / slices) * in.t_tile + in.wave_seconds + 0.5e-6;
       if (groups > 1) c += fixup_seconds(groups * static_cast<double>(in.tile_bytes) / size);  // 1/S each
       if (c < best && static_cast<int64_t>(cap(size)) >= static_cast<int64_t>(in.tiles) * groups) {
         best = c;
