@@ -154,15 +154,15 @@ WG8 = Wgmma(8, 256, 10, 1, why="where the small-M config of 8 tokens cannot run 
             "memory)")
 WG16 = Wgmma(16, 256, 8, 1, why="where the small-M config of 16 tokens cannot run")
 WG32 = Wgmma(32, 256, 6, 1, why="where the small-M config of 32 tokens cannot run")
-WG64 = Wgmma(64, 256, 4, 1, rate=3.60, wave_us=8,
+WG64 = Wgmma(64, 256, 4, 1, rate=3.42, wave_us=8,
              why="KT = 256 where B bandwidth rules: 128-byte B row segments per stage instead of 64 (KT = 128 read B "
                  "at 1.2-1.5 TB/s, half the copy rate) and half the barrier round trips; the least-cost pick at "
                  "M = 64 where 256-row tiles leave SMs idle, e.g. (64, 4096, 14336) 27.4 us vs 32.7")
-WG128 = Wgmma(128, 128, 5, 1, rate=5.30, wave_us=10,
+WG128 = Wgmma(128, 128, 5, 1, rate=5.14, wave_us=10,
               why="KT = 128, since decoded A (tokens x KT x 2 bytes) at KT = 256 would leave room for 2 stages only; "
                   "the least-cost pick at M = 129..512 where 256-token tiles would pad or leave SMs idle, e.g. "
                   "(384, 6144, 4096) 41.8 us vs 51.0, (256, 4096, 4096) 22.7 vs 29.8")
-WG256 = Wgmma(256, 128, 3, 1, rate=6.35, wave_us=13,
+WG256 = Wgmma(256, 128, 3, 1, rate=5.91, wave_us=13,
               why="each decoded B fragment reused over 256 tokens; KT = 128 as above; the least-cost pick from "
                   "M ~ 512 on, e.g. (1024, 28672, 4096) 308.5 us vs 343.0 for the 256-row 128-token tile")
 SM8 = SmallM(8, 16, 2, 3, 0, why="M <= 8: ahead of the wgmma config of the same token tile, e.g. (1, 7168, 16384) "
