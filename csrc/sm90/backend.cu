@@ -904,16 +904,18 @@ int least_cost_config(const Problem& p, const DeviceInfo* dev) {
 
 // least_cost_config's answer, kept per problem: the model costs ~17 us of host time a problem (five configs' plans,
 // each asking the cluster capacity once per cluster size), which eager calls would pay per GEMM (bench_model M = 64:
-// 1.99x fp16's host time a forward without this). The answer depends on the device and on M, N, K, the A form, the
-// MMA type and a forced split only; the pointer checks of can_run refuse every wgmma config alike.
+// 1.99x fp16's host time a forward without this). The answer depends on the device (its index and SM count) and on
+// M, N, K, the A form, the MMA type and a forced split only; the pointer checks of can_run refuse every wgmma config
+// alike.
 int least_cost_config_cached(const Problem& p, const DeviceInfo* dev) {
   struct Key {
     int64_t m, n, k;
-    int dev, forced;
+    int dev, sms, forced;
     unsigned mode;
     bool bf16;
     bool operator==(const Key& o) const {
-      return m == o.m && n == o.n && k == o.k && dev == o.dev && forced == o.forced && mode == o.mode && bf16 == o.bf16;
+      return m == o.m && n == o.n && k == o.k && dev == o.dev && sms == o.sms && forced == o.forced && mode == o.mode &&
+             bf16 == o.bf16;
     }
   };
   struct Hash {
@@ -921,14 +923,14 @@ int least_cost_config_cached(const Problem& p, const DeviceInfo* dev) {
       uint64_t h = 1469598103934665603ull;
       for (const uint64_t v : {static_cast<uint64_t>(q.m), static_cast<uint64_t>(q.n), static_cast<uint64_t>(q.k),
                                static_cast<uint64_t>(q.dev) << 32 | static_cast<uint32_t>(q.forced),
-                               static_cast<uint64_t>(q.mode) << 1 | q.bf16})
+                               static_cast<uint64_t>(q.sms) << 32 | q.mode << 1 | q.bf16})
         h = (h ^ v) * 1099511628211ull;
       return static_cast<size_t>(h);
     }
   };
   static std::mutex mutex;
   static std::unordered_map<Key, int, Hash> known;
-  const Key key{p.m, p.n, p.k, dev->index, p.forced_splits, mode_of(p), mma_bf16(p)};
+  const Key key{p.m, p.n, p.k, dev->index, dev->num_sms, p.forced_splits, mode_of(p), mma_bf16(p)};
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = known.find(key); it != known.end()) return it->second;
