@@ -202,7 +202,7 @@ Plan make_plan(const Problem& p, int config, int sms) {
     pl.chunk_rows = int64_t{c} * pl.tokens;
   }
   // Whole token tiles of decoded A, so that no TMA box of A reaches past its rows (a partial token tile's
-  // out-of-bounds rows, zero-filled by the TMA unit, cost up to 1.8x the whole tile's time: docs/NOTES.md
+  // out-of-bounds rows, zero-filled by the TMA unit, cost up to 2x the whole tile's time: docs/NOTES.md
   // section 10). The rows past M are never written: each output row reads only its own A row, and rows past M
   // are not stored.
   pl.a_bytes = round_up(round_up(pl.chunk_rows, pl.tokens) * row_bytes, 256);
@@ -864,7 +864,7 @@ bool rule_applies(const Rule& r, const Problem& p, unsigned mode) {
 // select's cost model of a wgmma config on `p` (the least-cost rules): the split planner's cost of its launches
 // (split_plan.h, each launch's best split), with the K tile's time from the config's measured MMA rate a SM
 // (KernelConfig::rate) or its B bytes at the SM's share of 3 TB/s, and a wave's fixed time from its wave_us. Both
-// were fitted to forced times of the five configs at 36 shapes (docs/NOTES.md section 10). The planner's own split
+// were fitted to forced times of the five configs at 44 shapes (docs/NOTES.md section 10). The planner's own split
 // choices keep the uniform rate (k_tile_seconds) under which they were measured.
 double modeled_seconds(const Problem& p, int config, int sms) {
   const KernelConfig& c = kConfigs[config];
@@ -905,8 +905,8 @@ int least_cost_config(const Problem& p, const DeviceInfo* dev) {
 // least_cost_config's answer, kept per problem: the model costs ~17 us of host time a problem (five configs' plans,
 // each asking the cluster capacity once per cluster size), which eager calls would pay per GEMM (bench_model M = 64:
 // 1.99x fp16's host time a forward without this). The answer depends on the device (its index and SM count) and on
-// M, N, K, the A form, the MMA type and a forced split only; the pointer checks of can_run refuse every wgmma config
-// alike.
+// M, N, K, the A form, the MMA type and a forced split only: what else can_run checks (pointers, alpha) refuses every
+// wgmma config alike, and such a refusal is not kept.
 int least_cost_config_cached(const Problem& p, const DeviceInfo* dev) {
   struct Key {
     int64_t m, n, k;
@@ -936,6 +936,7 @@ int least_cost_config_cached(const Problem& p, const DeviceInfo* dev) {
     if (const auto it = known.find(key); it != known.end()) return it->second;
   }
   const int pick = least_cost_config(p, dev);
+  if (pick < 0) return pick;  // refused for what the key does not hold (pointers, alpha): not an answer for the shape
   std::lock_guard<std::mutex> lock(mutex);
   if (known.size() >= 16384) known.clear();  // bounded: a server sees a few thousand distinct shapes at most
   known.emplace(key, pick);

@@ -181,5 +181,18 @@ int main() {
       }
     }
   }
+  // A refusal for what the least-cost cache's key does not hold (here sfb's alignment) is not remembered for the
+  // shape: the same shape with aligned pointers still gets its config (a shape outside the grid, so first seen here).
+  {
+    const DeviceInfo dev{90, 132, 232448};
+    char why[256] = {0};
+    Problem p = packed_problem(320, 6144, 4096, OutDtype::kFloat16);
+    p.sfb = addr(0x40000004);
+    const int refused = api.select(&p, &dev, why, sizeof(why));
+    p.sfb = addr(0x40000000);
+    const int chosen = api.select(&p, &dev, why, sizeof(why));
+    std::printf("w4a4 m=320 n=6144 k=4096, sfb 4-byte aligned then 16: %s, then %s\n",
+                refused < 0 ? "refused" : api.config_names[refused], chosen < 0 ? "refused" : api.config_names[chosen]);
+  }
   return 0;
 }
