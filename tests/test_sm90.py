@@ -191,10 +191,11 @@ def test_epilogue_paths(force_splits):
 
 
 # The dense configs of four consumer warpgroups (256 weight rows a tile; csrc/sm90/generate.py WG128_W256, WG64_W256),
-# forced only, and the 128-row config whose bits they repeat. All three hold one accumulator set, so each output's
-# sums run in K order whatever the token tile, KT and tile width (each output row's sums come from one warpgroup; wgmma's
-# N does not change an element's sum): a whole tile gives the same bits, and so does a forced split count f where f
-# divides every tile's K tiles of 256 (each tile's K is then cut at the same places and summed in CTA order).
+# picked by the least-cost rules, and the 128-row config whose bits they repeat. All three hold one accumulator set,
+# so each output's sums run in K order whatever the token tile, KT and tile width (each output row's sums come from
+# one warpgroup; wgmma's N does not change an element's sum): a whole tile gives the same bits, and so does a forced
+# split count f where f divides every tile's K tiles of 256 (each tile's K is then cut at the same places and summed
+# in CTA order).
 W256_CONFIGS = ("sm90_nvfp4_w256xt128xk128_s4_b1_ws_rs", "sm90_nvfp4_w256xt64xk256_s3_b1_ws_rs")
 W256_TWIN = "sm90_nvfp4_w128xt128xk128_s5_b1_ws_rs"
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -61,10 +61,11 @@ def check_dynamic_linear(m, n, k, tag, x_dtype):
 
 
 def w256_cases():
-    """The 256-row configs (four consumer warpgroups; forced only): whole tiles and a forced balanced split on tails in
-    M, N (N % 256 in (0, 128] and in (128, 256)) and K, then the plan's own splits, on 132 SMs one wave over more
-    tiles than SMs (165 tiles, 2 and 4 K tiles each) and the cluster split (128 tokens: 4 tiles in clusters of 8; 64
-    tokens: two clusters of 2 a tile, their rows summed through the workspace). Returns the configs."""
+    """The 256-row configs (four consumer warpgroups, which the least-cost rules pick): whole tiles and a forced
+    balanced split on tails in M, N (N % 256 in (0, 128] and in (128, 256)) and K, then the plan's own splits, on 132
+    SMs one wave over more tiles than SMs (165 tiles, 2 and 4 K tiles each) and the cluster split (128 tokens: 4 tiles
+    in clusters of 8; 64 tokens: two clusters of 2 a tile, their rows summed through the workspace). Returns the
+    configs."""
     configs = [c for c in nvfp4_gemm.configs()["sm90"] if "_w256x" in c]
     for cfg in configs:
         os.environ["NVFP4_GEMM_CONFIG"] = cfg
