@@ -140,12 +140,14 @@ cudaError_t consumed(cudaError_t e) {
 // The device's SM count, from the DeviceInfo the binding layer fills once per device.
 int sms_of(const DeviceInfo* dev) { return dev->num_sms; }
 
-// The cost model's time of one K tile of one CTA of `rows` B rows: its MMA time (measured: 0.83 us for 128 tokens
-// over 128 rows, ~5 TFLOP/s per SM; a 256-row tile taken at the same rate until measured) or its bytes at the SM's
-// share of 3 TB/s, whichever is more.
-double k_tile_seconds(int tokens, int kt, int rows, int sms) {
-  const double t_mma = 2.0 * rows * tokens * kt / 5.0e12;
-  const double t_mem = static_cast<double>(stage_bytes(tokens, kt, rows / 64)) / (3.0e12 / sms);
+// The cost model's time of one K tile of one CTA of `rows` B rows: its MMA time at `rate` FLOP/s a SM or the bytes of
+// its stage with `staged_tokens` rows of A at the SM's share of 3 TB/s, whichever is more. The split planner takes
+// ~5 TFLOP/s for every config (measured: 0.83 us for 128 tokens over 128 rows) and the whole stage; select's model
+// (modeled_seconds) each config's fitted rate and B's bytes only (A is re-read from L2).
+double k_tile_seconds(int tokens, int kt, int rows, int sms, double rate = 5.0e12, int staged_tokens = -1) {
+  const double t_mma = 2.0 * rows * tokens * kt / rate;
+  const int a_rows = staged_tokens < 0 ? tokens : staged_tokens;
+  const double t_mem = static_cast<double>(stage_bytes(a_rows, kt, rows / 64)) / (3.0e12 / sms);
   return std::max(t_mma, t_mem);
 }
 
@@ -872,9 +874,7 @@ double modeled_seconds(const Problem& p, int config, int sms) {
   const bool bf16 = mma_bf16(p);
   auto launch = [&](int64_t rows) {
     SplitInputs in = split_inputs(p, pl, tiles_of(pl, rows), config, sms);
-    const double t_mma = 2.0 * pl.rows * pl.tokens * pl.kt / (c.rate * 1e12);
-    const double t_mem = static_cast<double>(stage_bytes(0, pl.kt, pl.rows / 64)) / (3.0e12 / in.sms);
-    in.t_tile = std::max(t_mma, t_mem);
+    in.t_tile = k_tile_seconds(pl.tokens, pl.kt, pl.rows, in.sms, c.rate * 1e12, 0);
     in.wave_seconds = c.wave_us * 1e-6;
     double cost = 0.0;
     plan_split(in, config, bf16, &cost);

@@ -369,8 +369,10 @@ const char* grouped_dispatch_rules() {
          "T >= 8 x G: " NVFP4_SM90_GROUPED_NAME(16, 3, 2) "\n"
          "T >= 20 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(32, 256, 6, 128) "\n"
          "T >= 28 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(64, 256, 4, 128) "\n"
-         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3, 128) "\n"
-         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5, 128) "\n"
+         "T >= 56 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(80, 128, 5, 256) " where N > 128, else "
+         NVFP4_SM90_GROUPED_WGMMA_NAME(80, 256, 3, 128) "\n"
+         "T >= 80 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 4, 256) " where N > 128, else "
+         NVFP4_SM90_GROUPED_WGMMA_NAME(128, 128, 5, 128) "\n"
          "T >= 120 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(160, 128, 4, 128) "\n"
          "T >= 160 x G, G <= 512: " NVFP4_SM90_GROUPED_WGMMA_NAME(256, 128, 3, 128) "\n"
          "K % 256 != 0, float32 A or G > 4096: not on sm90 (refused with the reason)\n";

@@ -187,7 +187,6 @@ NVFP4_SM90_WGMMA(16)
 NVFP4_SM90_WGMMA(32)
 NVFP4_SM90_WGMMA(64)
 NVFP4_SM90_WGMMA(80)
-NVFP4_SM90_WGMMA(104)  // the four-consumer-warpgroup form's largest tile within 112 registers a consumer thread
 NVFP4_SM90_WGMMA(128)
 NVFP4_SM90_WGMMA(160)  // the grouped form's tile for groups of ~128 + 2 sqrt(128) rows (m64n160: an extended shape)
 NVFP4_SM90_WGMMA(256)
@@ -745,8 +744,8 @@ __global__ void __launch_bounds__(cta_threads(CONS), CTAS_PER_SM) gemm_kernel(co
     // The output of a tile, as `quads(put)` hands it over (put(x, quad x of this thread), token rows 8x .. 8x + 7):
     // staged in the segment's last stage kRound token rows at a time (the whole tile where it fits: with two consumer
     // warpgroups always in fp16 and bf16, up to 80 tokens in float32, rounds of 72 of 128, 88 of 160 and 136 of 256
-    // float32 rows; with four, whose staged rows are twice as wide, rounds of 96 / 48 fp16 / float32 rows of 128,
-    // 80 / 40 of 104 and 72 / 32 of 80), each round copied out by rows (store_staged). One store path for every tile,
+    // float32 rows; with four, whose staged rows are twice as wide, rounds of 96 / 48 fp16 / float32 rows of 128 and
+    // 72 / 32 of 80), each round copied out by rows (store_staged). One store path for every tile,
     // output type and C alignment: the bounds-checked quad stores it replaces, unrolled per quad and output type, were
     // most of the kernel's instructions.
     // `synced`: every consumer warpgroup has passed a consumer barrier since its last wgmma (the split paths have),
